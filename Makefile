@@ -1,0 +1,28 @@
+# The two quick-start commands (README): each sets up .venv if needed, then runs.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+READY := $(VENV)/.ready
+ARGS ?=
+
+.PHONY: run test lint bench clean-work
+
+$(READY): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+## run: the main job, the whole pipeline on the embedded default data (outputs in work/)
+run: $(READY)
+	$(VENV)/bin/dssm run --workdir work $(ARGS)
+
+## test: the whole test suite (a real Spark session, real data from ../shared/data where present)
+test: $(READY)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest $(ARGS)
+
+bench: $(READY)
+	$(VENV)/bin/python benchmarks/jobs_bench.py $(ARGS)
+
+clean-work:
+	rm -rf work

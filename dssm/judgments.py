@@ -1,0 +1,110 @@
+"""Reading a judged set: (query, title, label) rows from a CSV/TSV file or a .zip holding one.
+
+Every command that reads a judged set takes the same four options (see `add_judgment_options`);
+the defaults read Home Depot's `train.csv.zip` as it is (PROTOCOL.md §1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from dssm.errors import DssmError
+
+
+@dataclass(frozen=True)
+class JudgedSetSpec:
+    """Where a judged set keeps its columns and how its bytes are encoded."""
+
+    query_col: str = "search_term"
+    title_col: str = "product_title"
+    label_col: str = "relevance"
+    encoding: str = "latin-1"
+
+
+@dataclass(frozen=True)
+class JudgedPair:
+    row: int  # position in the input file: PROTOCOL.md's stable tie order
+    query: str
+    title: str
+    label: float
+
+
+def add_judgment_options(parser: argparse.ArgumentParser) -> None:
+    """The four options shared by every command that reads a judged set."""
+    d = JudgedSetSpec()
+    g = parser.add_argument_group("judged set columns")
+    g.add_argument("--query-col", default=d.query_col, help="query column (default: %(default)s)")
+    g.add_argument("--title-col", default=d.title_col, help="title column (default: %(default)s)")
+    g.add_argument("--label-col", default=d.label_col, help="label column (default: %(default)s)")
+    g.add_argument("--encoding", default=d.encoding, help="file encoding (default: %(default)s)")
+
+
+def spec_from_args(args: argparse.Namespace) -> JudgedSetSpec:
+    return JudgedSetSpec(args.query_col, args.title_col, args.label_col, args.encoding)
+
+
+def _open_text(path: Path, encoding: str) -> tuple[io.TextIOBase, str]:
+    """The judged table as text plus the name of the member read (for a .zip)."""
+    if zipfile.is_zipfile(path):
+        archive = zipfile.ZipFile(path)
+        members = [m for m in archive.namelist() if m.lower().endswith((".csv", ".tsv", ".txt"))]
+        if len(members) != 1:
+            raise DssmError(f"{path}: expected one .csv/.tsv inside the zip, found {members or 'none'}")
+        raw = archive.open(members[0])
+        return io.TextIOWrapper(raw, encoding=encoding, newline=""), members[0]
+    return open(path, encoding=encoding, newline=""), path.name
+
+
+def iter_judgments(path: str | Path, spec: JudgedSetSpec = JudgedSetSpec()) -> Iterator[JudgedPair]:
+    """Yield the judged pairs of `path` in file order; a clear DssmError on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise DssmError(f"judged set not found: {path}")
+    if path.is_dir() or path.stat().st_size == 0:
+        raise DssmError(f"judged set is empty or not a file: {path}")
+    try:
+        handle, member = _open_text(path, spec.encoding)
+    except LookupError as e:
+        raise DssmError(f"unknown encoding {spec.encoding!r}: {e}") from None
+    with handle:
+        try:
+            delimiter = "\t" if member.lower().endswith(".tsv") else ","
+            reader = csv.DictReader(handle, delimiter=delimiter)
+            header = reader.fieldnames or []
+            missing = [c for c in (spec.query_col, spec.title_col, spec.label_col) if c not in header]
+            if missing:
+                shown = ", ".join(header[:12]) if header else "no header"
+                raise DssmError(
+                    f"{path}: missing column(s) {', '.join(missing)}; the file has: {shown} "
+                    "(set --query-col/--title-col/--label-col)"
+                )
+            for row_no, row in enumerate(reader):
+                raw_label = row[spec.label_col]
+                try:
+                    label = float(raw_label)
+                except (TypeError, ValueError):
+                    label = math.nan
+                if not math.isfinite(label):
+                    raise DssmError(
+                        f"{path}: row {row_no + 2}: label {raw_label!r} in column "
+                        f"{spec.label_col!r} is not a number"
+                    )
+                yield JudgedPair(row_no, row[spec.query_col] or "", row[spec.title_col] or "", label)
+        except UnicodeDecodeError as e:
+            raise DssmError(f"{path}: not readable as {spec.encoding} ({e.reason}); set --encoding") from None
+        except csv.Error as e:
+            raise DssmError(f"{path}: not a readable CSV/TSV ({e})") from None
+
+
+def read_judgments(path: str | Path, spec: JudgedSetSpec = JudgedSetSpec()) -> list[JudgedPair]:
+    pairs = list(iter_judgments(path, spec))
+    if not pairs:
+        raise DssmError(f"judged set has a header but no rows: {path}")
+    return pairs

@@ -1,0 +1,206 @@
+"""`dssm clean`: raw impression logs -> clicked (query, title) pairs, the title pool, and rejects.
+
+Every line read ends up either kept or in `rejects/` with a reason, so that
+read = kept + rejected holds exactly (checked before anything is published):
+
+- malformed lines (kept verbatim in `raw`): empty_line, invalid_json, not_an_object,
+  wrong_type, missing_field, unsupported_version, bad_value;
+- rule drops (docs/raw-log-format.md): duplicate_event (an impression_id seen on an earlier
+  line), empty_query (nothing left after normalisation), bot_user (a user with more than
+  `bot_max_per_minute` impressions in one minute, or with at least `bot_min_impressions`
+  impressions of which `bot_min_click_rate` of all shown results were clicked).
+
+Lines are parsed and validated by `jobs.rawlog.parse_line` (queries and titles normalised exactly
+as PROTOCOL.md §2) once, into a temporary Parquet file; the later steps read only the columns
+they need from it, so the large rows are never shuffled.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date, read_manifest, write_manifest
+from dssm.errors import DssmError
+from jobs.rawlog import PARSED, parse_batches
+from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
+from jobs.spark import write_parquet
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class CleanConfig:
+    bot_max_per_minute: int = 20
+    bot_min_impressions: int = 10
+    bot_min_click_rate: float = 0.8
+    max_malformed_rate: float = 0.5  # above this share of malformed lines the input is refused
+    rows_per_file: int = 1_000_000
+
+
+def resolve_input(path: str) -> str:
+    """A `dssm simulate` output dir means its logs/; a missing local path is a clear error."""
+    if "://" in path:
+        return path
+    p = Path(path)
+    if (p / "logs").is_dir() and (read_manifest(p) or {}).get("stage") == "simulate":
+        p = p / "logs"
+    if not p.exists() and not any(ch in path for ch in "*?["):
+        raise DssmError(f"raw log input not found: {p}")
+    if p.is_dir() and not any(f.is_file() and not f.name.startswith((".", "_")) for f in p.iterdir()):
+        raise DssmError(f"raw log input is an empty directory: {p}")
+    if p.is_file() and p.stat().st_size == 0:
+        raise DssmError(f"raw log input is an empty file: {p}")
+    return str(p)
+
+
+def parse(raw: DataFrame) -> DataFrame:
+    """One row per line (schema `jobs.rawlog.PARSED`), parsed by `jobs.rawlog.parse_line`."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    numbered = raw.select(
+        F.col("_metadata.file_path").alias("source"), F.monotonically_increasing_id().alias("line"), "value"
+    )
+    return numbered.mapInArrow(parse_batches, from_arrow_schema(PARSED))
+
+
+def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
+    """(line, reason) of well-formed lines dropped by rule: duplicates, empty queries, bots."""
+    # Only small columns take part in the shuffles below.
+    good = parsed.where(F.col("reason").isNull()).select(
+        "line", "impression_id", "user_id", "ts_ms", (F.col("query") == "").alias("empty"),
+        F.size("clicked").alias("clicks"), F.size("titles").alias("shown"),
+    )
+    first = Window.partitionBy("impression_id").orderBy("line")
+    ranked = good.select("line", F.row_number().over(first).alias("n"))
+    duplicates = ranked.where("n > 1").select("line", F.lit("duplicate_event").alias("rule"))
+    unique = good.join(F.broadcast(duplicates), "line", "left_anti")
+    empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
+    humans_or_bots = unique.where(~F.col("empty"))
+    per_minute = (
+        humans_or_bots.groupBy("user_id", F.floor(F.col("ts_ms") / 60_000).alias("minute")).count()
+        .groupBy("user_id").agg(F.max("count").alias("peak_per_minute"))
+    )
+    per_user = humans_or_bots.groupBy("user_id").agg(
+        F.count("*").alias("impressions"),
+        F.sum("clicks").alias("clicks"),
+        F.sum("shown").alias("shown"),
+    )
+    bots = (
+        per_user.join(per_minute, "user_id")
+        .where(
+            (F.col("peak_per_minute") > cfg.bot_max_per_minute)
+            | ((F.col("impressions") >= cfg.bot_min_impressions)
+               & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown")))
+        )
+        .select("user_id")
+    )
+    bot_lines = humans_or_bots.join(F.broadcast(bots), "user_id").select("line", F.lit("bot_user").alias("rule"))
+    return duplicates.unionByName(empty).unionByName(bot_lines)
+
+
+def click_pairs(kept: DataFrame) -> DataFrame:
+    """Per (query, title) shown: impressions and clicks."""
+    shown = kept.select(
+        "query",
+        F.explode(F.arrays_zip(F.col("titles").alias("title"), F.col("positions").alias("position"))).alias("r"),
+        "clicked",
+    )
+    return shown.groupBy("query", F.col("r.title").alias("title")).agg(
+        F.sum(F.array_contains("clicked", F.col("r.position")).cast("long")).alias("clicks"),
+        F.count("*").alias("impressions"),
+    )
+
+
+def _ordered(df: DataFrame, rows: int, cfg: CleanConfig, *keys: str) -> tuple[DataFrame, int]:
+    """Hash-partitioned and sorted, so a rerun writes the same bytes whatever the input layout."""
+    files = max(1, -(-rows // cfg.rows_per_file))
+    return df.repartition(files, *keys).sortWithinPartitions(*keys), files
+
+
+def clean(spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(),
+          force: bool = False) -> dict[str, Any]:
+    source = resolve_input(input_path)
+    source_hash = content_sha256(Path(source)) if "://" not in source else source
+    key = input_key("clean", {"raw": source_hash}, asdict(cfg))
+    if not force and is_up_to_date(out, key):
+        log.info("clean: %s is up to date with %s, nothing to do", out, source)
+        return read_manifest(out)
+
+    with atomic_dir(out) as tmp:
+        scratch = tmp / "_parsed"
+        parse(spark.read.text(source)).write.parquet(str(scratch))
+        parsed = spark.read.parquet(str(scratch))
+        lines_read = parsed.count()
+        if lines_read == 0:
+            raise DssmError(f"no lines to read in {source}")
+
+        drops = rule_drops(parsed, cfg).persist()
+        drops_n = drops.count()
+        log.info("clean: %d lines dropped by rule", drops_n)
+        # Not persisted: each action below re-reads only the Parquet columns it needs.
+        status = (
+            parsed.join(F.broadcast(drops), "line", "left")
+            .withColumn("status", F.coalesce("reason", "rule", F.lit("kept")))
+        )
+        counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
+        kept_n = counts.pop("kept", 0)
+        malformed = sum(n for r, n in counts.items() if r not in {"duplicate_event", "empty_query", "bot_user"})
+        if kept_n == 0:
+            raise DssmError(f"no usable impression in {source}: {lines_read} lines read, all rejected ({_top(counts)})")
+        if malformed > cfg.max_malformed_rate * lines_read:
+            raise DssmError(
+                f"{source}: {malformed} of {lines_read} lines are malformed ({_top(counts)}); "
+                f"is this a dssm raw log (docs/raw-log-format.md)?"
+            )
+
+        kept = status.where(F.col("status") == "kept")
+        all_pairs = click_pairs(kept).persist()
+        pairs_total = all_pairs.count()
+        clicked = all_pairs.where(F.col("clicks") > 0)
+        clicked_n = clicked.count()
+        pairs_df, _ = _ordered(clicked, clicked_n, cfg, "query", "title")
+        n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
+
+        titles = all_pairs.groupBy("title").agg(F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks"))
+        titles_df, _ = _ordered(titles, pairs_total, cfg, "title")
+        n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
+
+        rejects = status.where(F.col("status") != "kept").select(
+            F.col("source"), F.col("status").alias("reason"),
+            F.coalesce("detail", F.when(F.col("status") == "bot_user", F.concat(F.lit("user "), F.col("user_id"))))
+            .alias("detail"),
+            "raw", "impression_id", "user_id", "line",
+        )
+        rejects_df, _ = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
+        n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
+        drops.unpersist()
+        all_pairs.unpersist()
+        shutil.rmtree(scratch)
+
+        rejected = sum(counts.values())
+        if lines_read != kept_n + rejected or n_rejects != rejected:
+            raise DssmError(f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}")
+        queries = spark.read.parquet(str(tmp / "pairs")).select("query").distinct().count()
+        log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
+        return write_manifest(tmp, {
+            "stage": "clean",
+            "input_key": key,
+            "inputs": {"raw": {"path": source, "sha256": source_hash}},
+            "params": asdict(cfg),
+            "counts": {
+                "lines_read": lines_read, "kept": kept_n, "rejected": rejected,
+                "rejected_by_reason": dict(sorted(counts.items())),
+                "pairs": n_pairs, "queries": queries, "titles": n_titles,
+            },
+            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+        })
+
+
+def _top(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"

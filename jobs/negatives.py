@@ -1,0 +1,110 @@
+"""`dssm negatives`: (query, clicked title, n negative titles) rows for training, as Parquet shards.
+
+Negatives are drawn uniformly from the title pool by hashing (seed, query, positive, k) to a pool
+index for k = 0, 1, 2, …; candidates that were clicked for the same query (the positive included)
+or repeat an earlier candidate are skipped, and the first `n` survivors are kept. Being a pure
+function of the data and the seed, the result does not depend on Spark's partitioning or on the
+number of workers. Queries are split into train and validation by a seeded hash.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, require_manifest, write_manifest
+from dssm.errors import DssmError
+from jobs.schemas import NEGATIVES
+from jobs.spark import write_parquet
+
+log = logging.getLogger(__name__)
+MAX_ROUNDS = 6
+
+
+@dataclass(frozen=True)
+class NegativesConfig:
+    n: int = 4
+    seed: int = 13
+    valid_fraction: float = 0.1  # share of queries held out for validation
+    shards: int = 8  # train files (the trainer's ranks stream disjoint files)
+
+
+def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
+    """`pairs` with a boolean `valid`: a seeded hash of the query, so a query is on one side only."""
+    bucket = F.pmod(F.xxhash64(F.lit(cfg.seed), F.lit("valid"), F.col("query")), F.lit(10_000))
+    return pairs.withColumn("valid", bucket < F.lit(int(round(cfg.valid_fraction * 10_000))))
+
+
+def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) -> DataFrame:
+    """(query, positive, negatives[n], clicks, impressions) for every clicked pair."""
+    pool = titles.select("title").distinct()
+    pool = pool.select("title", (F.row_number().over(Window.orderBy("title")) - 1).alias("idx"))
+    pool_size = pool.count()
+    widest = pairs.groupBy("query").count().agg(F.max("count")).first()[0] or 0
+    if pool_size - widest < cfg.n:
+        raise DssmError(
+            f"title pool too small: {pool_size} titles, a query with {widest} clicked titles, "
+            f"{cfg.n} negatives wanted"
+        )
+    clicked = pairs.select("query", F.col("title").alias("negative"))
+    todo = pairs.select("query", F.col("title").alias("positive"), "clicks", "impressions")
+    done: DataFrame | None = None
+    draws = 2 * cfg.n + 8
+    for _ in range(MAX_ROUNDS):
+        # Each round redraws the same k from 0 (hashes are pure), just more of them, so the
+        # result is the first n survivors in k order however many rounds it took.
+        k = F.explode(F.sequence(F.lit(0), F.lit(draws - 1))).alias("k")
+        candidates = todo.select("query", "positive", k).withColumn(
+            "idx", F.pmod(F.xxhash64(F.lit(cfg.seed), "query", "positive", "k"), F.lit(pool_size))
+        )
+        named = candidates.join(pool, "idx").select("query", "positive", "k", F.col("title").alias("negative"))
+        allowed = named.join(clicked, ["query", "negative"], "left_anti")
+        first_k = allowed.groupBy("query", "positive", "negative").agg(F.min("k").alias("k"))
+        picked = first_k.groupBy("query", "positive").agg(
+            F.slice(F.sort_array(F.collect_list(F.struct("k", "negative"))), 1, cfg.n)["negative"].alias("negatives")
+        )
+        rows = todo.join(picked, ["query", "positive"], "left").withColumn(
+            "negatives", F.coalesce("negatives", F.array().cast("array<string>"))
+        ).persist()
+        full = rows.where(F.size("negatives") == cfg.n)
+        done = full if done is None else done.unionByName(full)
+        todo = rows.where(F.size("negatives") < cfg.n).drop("negatives")
+        if todo.count() == 0:
+            return done
+        draws *= 4
+    raise DssmError(f"could not draw {cfg.n} negatives for {todo.count()} pairs in {MAX_ROUNDS} rounds")
+
+
+def negatives(spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(),
+              force: bool = False) -> dict[str, Any]:
+    upstream = require_manifest(clean_dir, "clean")
+    if cfg.n < 1 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
+        raise DssmError("need n >= 1, shards >= 1 and 0 <= valid_fraction < 1")
+    key = input_key("negatives", {"clean": upstream["content_sha256"]}, asdict(cfg))
+    if not force and is_up_to_date(out, key):
+        log.info("negatives: %s is up to date, nothing to do", out)
+        return read_manifest(out)
+    pairs = spark.read.parquet(str(clean_dir / "pairs"))
+    titles = spark.read.parquet(str(clean_dir / "titles"))
+    rows = validation_queries(sample_negatives(pairs, titles, cfg), cfg)
+    counts: dict[str, Any] = {}
+    with atomic_dir(out) as tmp:
+        for split, files in (("train", cfg.shards), ("valid", max(1, cfg.shards // 4))):
+            part = rows.where(F.col("valid") == (split == "valid"))
+            ordered = part.repartition(files, "query").sortWithinPartitions("query", "positive")
+            counts[f"{split}_rows"] = write_parquet(ordered, tmp / split, NEGATIVES)
+            counts[f"{split}_queries"] = part.select("query").distinct().count()
+        counts["pool_titles"] = titles.count()
+        log.info("negatives: %(train_rows)d train rows (%(train_queries)d queries), "
+                 "%(valid_rows)d valid rows (%(valid_queries)d queries)", counts)
+        return write_manifest(tmp, {
+            "stage": "negatives", "input_key": key,
+            "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
+            "params": asdict(cfg), "counts": counts,
+            "outputs": {"train": "train/", "valid": "valid/"},
+        })

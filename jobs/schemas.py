@@ -1,0 +1,112 @@
+"""The Parquet contracts between stages, as pyarrow schemas (docs/architecture.md lists them).
+
+Spark jobs cast their outputs to the Spark form of these schemas before writing, and check the
+files they wrote against them, so a downstream reader (the trainer streams with pyarrow) can rely
+on exact column names, types and nullability.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dssm.errors import DssmError
+
+_str_list = pa.list_(pa.field("element", pa.string(), nullable=False))
+
+TEST_PAIRS = pa.schema([
+    pa.field("row", pa.int64(), nullable=False),  # position in the judged file (stable tie order)
+    pa.field("query", pa.string(), nullable=False),
+    pa.field("query_norm", pa.string(), nullable=False),
+    pa.field("title", pa.string(), nullable=False),
+    pa.field("label", pa.float64(), nullable=False),
+])
+
+CLICK_PAIRS = pa.schema([
+    pa.field("query", pa.string(), nullable=False),  # normalised (PROTOCOL.md §2)
+    pa.field("title", pa.string(), nullable=False),  # normalised
+    pa.field("clicks", pa.int64(), nullable=False),
+    pa.field("impressions", pa.int64(), nullable=False),  # times the title was shown for the query
+])
+
+TITLES = pa.schema([
+    pa.field("title", pa.string(), nullable=False),
+    pa.field("impressions", pa.int64(), nullable=False),
+    pa.field("clicks", pa.int64(), nullable=False),
+])
+
+REJECTS = pa.schema([
+    pa.field("source", pa.string(), nullable=False),  # file the line came from
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("detail", pa.string(), nullable=True),
+    pa.field("raw", pa.string(), nullable=True),  # the line itself, for malformed lines
+    pa.field("impression_id", pa.string(), nullable=True),
+    pa.field("user_id", pa.string(), nullable=True),
+])
+
+VOCAB = pa.schema([
+    pa.field("id", pa.int32(), nullable=False),  # 0 is reserved for unknown
+    pa.field("token", pa.string(), nullable=False),
+    pa.field("count", pa.int64(), nullable=False),
+])
+
+NEGATIVES = pa.schema([
+    pa.field("query", pa.string(), nullable=False),
+    pa.field("positive", pa.string(), nullable=False),
+    pa.field("negatives", _str_list, nullable=False),
+    pa.field("clicks", pa.int64(), nullable=False),
+    pa.field("impressions", pa.int64(), nullable=False),
+])
+
+
+def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType
+    """The Spark StructType with the same names, types and nullability."""
+    from pyspark.sql import types as T
+
+    def convert(dtype: pa.DataType):
+        if pa.types.is_string(dtype):
+            return T.StringType()
+        if pa.types.is_int64(dtype):
+            return T.LongType()
+        if pa.types.is_int32(dtype):
+            return T.IntegerType()
+        if pa.types.is_float64(dtype):
+            return T.DoubleType()
+        if pa.types.is_list(dtype):
+            return T.ArrayType(convert(dtype.value_type), containsNull=True)  # Spark cannot cast to False
+        raise TypeError(f"no Spark type for {dtype}")
+
+    return T.StructType([T.StructField(f.name, convert(f.type), f.nullable) for f in schema])
+
+
+def _relaxed(schema: pa.Schema) -> pa.Schema:
+    """`schema` with every field nullable: Spark writes nullable columns whatever it knows."""
+
+    def relax(dtype: pa.DataType) -> pa.DataType:
+        if pa.types.is_list(dtype):
+            return pa.list_(pa.field("element", relax(dtype.value_type)))
+        return dtype
+
+    return pa.schema([pa.field(f.name, relax(f.type)) for f in schema])
+
+
+def check_parquet(path: Path, schema: pa.Schema) -> None:
+    """Raise unless every Parquet file under `path` has `schema`'s names and types and no null
+    in a column the contract declares non-nullable (checked from the row-group statistics)."""
+    files = sorted(Path(path).glob("*.parquet")) if Path(path).is_dir() else [Path(path)]
+    required = {i for i, f in enumerate(schema) if not f.nullable and not pa.types.is_list(f.type)}
+    for file in files:
+        meta = pq.ParquetFile(file)
+        found = meta.schema_arrow.remove_metadata()
+        if not _relaxed(found).equals(_relaxed(schema)):
+            raise DssmError(f"{file}: schema {found} differs from the contract {schema}")
+        for rg in range(meta.metadata.num_row_groups):
+            group = meta.metadata.row_group(rg)
+            for col in range(group.num_columns):
+                column = group.column(col)
+                stats = column.statistics
+                name = column.path_in_schema
+                if name in {schema[i].name for i in required} and stats is not None and stats.null_count:
+                    raise DssmError(f"{file}: column {name} has {stats.null_count} nulls; the contract forbids them")

@@ -1,0 +1,378 @@
+"""Click-log simulator: raw impression logs (docs/raw-log-format.md) from a judged set.
+
+Users arrive per query with a Zipf popularity; a production ranker shows the query's judged
+titles plus random filler titles in a noisy order; clicks follow a position-based model
+(examination decays with rank, attractiveness grows with the label). Realistic dirt is added at
+the rates of `DirtRates`. Only train queries (PROTOCOL.md §3) are simulated; the test queries'
+graded pairs are written apart as Parquet for evaluation. See docs/simulator.md.
+
+Work is split into shards, each a file generated from its own seed in chunks, so memory stays
+bounded at any `impressions` and shards run in parallel processes; output is deterministic for
+a given seed and shard count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, write_manifest
+from dssm.errors import DssmError
+from dssm.judgments import JudgedPair
+from dssm.text import is_test_query, norm
+from jobs.rawlog import FORMAT_VERSION
+from jobs.schemas import TEST_PAIRS
+
+log = logging.getLogger(__name__)
+CHUNK = 8192
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+MINUTE_MS = 60_000
+
+
+@dataclass(frozen=True)
+class ClickModel:
+    """Parameters of the production ranker and the position-based click model."""
+
+    zipf_exponent: float = 1.0  # popularity of the query at popularity rank r is ∝ r**-s
+    ranker_noise: float = 0.35  # std of the Gaussian noise on the ranker's score (relevance in [0, 1])
+    page_size: int = 10  # results shown per impression
+    filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
+    eta: float = 1.0  # examination probability at rank r is r**-eta
+    attract_min: float = 0.05  # click probability of an examined, irrelevant title
+    attract_max: float = 0.85  # ... of an examined title of the top label
+    dwell_base_ms: float = 5_000.0  # median dwell of an irrelevant click
+    dwell_gain_ms: float = 55_000.0  # added to the median dwell at the top label
+    days: float = 30.0  # the time span the log covers
+
+
+@dataclass(frozen=True)
+class DirtRates:
+    """How often each kind of dirt appears (per impression unless said otherwise)."""
+
+    mixed_case: float = 0.30  # query typed in upper, title or random case
+    extra_spaces: float = 0.10  # repeated, leading or trailing spaces in the query
+    unicode_space: float = 0.03  # a no-break/thin/ideographic space instead of a space
+    dirty_title: float = 0.05  # a shown title with doubled spaces or upper case
+    empty_query: float = 0.01  # an empty or all-space query
+    duplicate: float = 0.02  # the line is logged twice
+    malformed: float = 0.005  # truncated JSON, a missing field or a wrong type
+    bot_impressions: float = 0.01  # share of impressions from bots (bursts, clicks on everything)
+    bot_burst: tuple[int, int] = (30, 80)  # impressions per bot burst, ~1.5 s apart
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    impressions: int = 100_000
+    seed: int = 13
+    shards: int = 0  # 0: one shard per 250k impressions
+    workers: int = 0  # 0: as many as CPUs (at most the shards)
+    gzip: bool = True
+    model: ClickModel = field(default_factory=ClickModel)
+    dirt: DirtRates = field(default_factory=DirtRates)
+
+    def shard_count(self) -> int:
+        return self.shards or max(1, -(-self.impressions // 250_000))
+
+
+@dataclass
+class Catalogue:
+    """Train queries with their judged titles as padded arrays (the simulator's hot data)."""
+
+    queries: list[str]
+    title_json: list[str]  # per title: '"doc_id":"…","title":"…"' (escaped once, reused per line)
+    title_json_dirty: list[str]
+    judged: np.ndarray  # (Q, L) title ids, -1 padded
+    relevance: np.ndarray  # (Q, L) in [0, 1], -inf padded
+
+
+def _doc_id(title: str) -> str:
+    return "d" + hashlib.md5(title.encode("utf-8")).hexdigest()[:12]
+
+
+def _dirty_title(title: str) -> str:
+    return title.upper() if len(title) % 2 else title.replace(" ", "  ")
+
+
+def split_judgments(pairs: list[JudgedPair]) -> tuple[dict[str, dict[str, float]], list[JudgedPair]]:
+    """PROTOCOL.md §3: train queries' titles with mean labels (first-seen query text kept), and test pairs."""
+    train: dict[str, dict[str, float]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    shown_query: dict[str, str] = {}
+    test: list[JudgedPair] = []
+    for pair in pairs:
+        key = norm(pair.query)
+        if not key:
+            continue
+        if is_test_query(pair.query):
+            test.append(pair)
+            continue
+        query = shown_query.setdefault(key, pair.query)
+        titles = train.setdefault(query, {})
+        n = counts.get((query, pair.title), 0)
+        titles[pair.title] = (titles.get(pair.title, 0.0) * n + pair.label) / (n + 1)
+        counts[(query, pair.title)] = n + 1
+    return train, test
+
+
+def build_catalogue(train: dict[str, dict[str, float]], seed: int) -> Catalogue:
+    if not train:
+        raise DssmError("the judged set has no train query to simulate (all queries are test queries or empty)")
+    titles = sorted({t for judged in train.values() for t in judged})
+    title_ids = {t: i for i, t in enumerate(titles)}
+    labels = [label for judged in train.values() for label in judged.values()]
+    low, high = min(labels), max(labels)
+    span = (high - low) or 1.0
+    # Popularity rank is a seeded shuffle of the queries: the head is not alphabetical.
+    queries = sorted(train)
+    np.random.default_rng(seed).shuffle(queries)
+    width = max(len(train[q]) for q in queries)
+    judged = np.full((len(queries), width), -1, dtype=np.int64)
+    relevance = np.full((len(queries), width), -np.inf)
+    for qi, query in enumerate(queries):
+        for j, (title, label) in enumerate(sorted(train[query].items())):
+            judged[qi, j] = title_ids[title]
+            relevance[qi, j] = (label - low) / span
+
+    def fragment(title: str, shown: str) -> str:
+        return f'"doc_id":"{_doc_id(title)}","title":{orjson.dumps(shown).decode()}'
+
+    return Catalogue(
+        queries=queries,
+        title_json=[fragment(t, t) for t in titles],
+        title_json_dirty=[fragment(t, _dirty_title(t)) for t in titles],
+        judged=judged,
+        relevance=relevance,
+    )
+
+
+_UNICODE_SPACES = ["\u00a0", "\u2009", "\u3000"]
+
+
+def _dirty_query(query: str, rng: np.random.Generator, dirt: DirtRates) -> str:
+    u = rng.random(4)
+    if u[0] < dirt.mixed_case:
+        style = int(rng.integers(3))
+        if style == 0:
+            query = query.upper()
+        elif style == 1:
+            query = query.title()
+        else:
+            flips = rng.random(len(query)) < 0.3
+            query = "".join(c.upper() if f else c for c, f in zip(query, flips))
+    if u[1] < dirt.extra_spaces:
+        query = "  " + query.replace(" ", "   ") + " "
+    if u[2] < dirt.unicode_space and " " in query:
+        query = query.replace(" ", _UNICODE_SPACES[int(rng.integers(3))], 1)
+    if u[3] < dirt.empty_query:
+        query = " " * int(rng.integers(3))
+    return query
+
+
+def _malform(line: str, rng: np.random.Generator) -> str:
+    kind = int(rng.integers(4))
+    if kind == 0:  # truncated JSON, as when a writer dies mid-line
+        return line[: int(rng.integers(1, len(line) - 1))]
+    record = orjson.loads(line)
+    if kind == 1:
+        del record[["query", "results", "user_id", "ts"][int(rng.integers(4))]]
+    elif kind == 2:
+        record["results"][0]["position"] = str(record["results"][0]["position"])
+    else:
+        record["clicks"] = {"position": 1}
+    return orjson.dumps(record).decode()
+
+
+class _ShardWriter:
+    """Formats impressions as JSON lines, adding per-line dirt (duplicates, malformed lines)."""
+
+    def __init__(self, cat: Catalogue, cfg: SimulationConfig, shard: int, rng: np.random.Generator, emit: Callable[[str], None]):
+        self.cat, self.cfg, self.shard, self.rng, self.emit = cat, cfg, shard, rng, emit
+        self.counter = 0
+        self.lines = 0
+
+    def write(self, ts: np.ndarray, users: np.ndarray, sessions: np.ndarray, query_ids: np.ndarray,
+              shown: np.ndarray, clicked: np.ndarray, dwell: np.ndarray, dirty_titles: np.ndarray,
+              queries: list[str] | None = None) -> None:
+        cat, dirt, rng = self.cat, self.cfg.dirt, self.rng
+        stamps = np.datetime_as_string(ts.astype("datetime64[ms]"), unit="ms")
+        per_line = rng.random((len(ts), 2))
+        for i in range(len(ts)):
+            row = shown[i]
+            results = []
+            for pos in range(row.shape[0]):
+                tid = row[pos]
+                if tid < 0:
+                    break
+                frag = cat.title_json_dirty[tid] if dirty_titles[i, pos] else cat.title_json[tid]
+                results.append(f'{{"position":{pos + 1},{frag}}}')
+            clicks = [f'{{"position":{p + 1},"dwell_ms":{int(dwell[i, p])}}}' for p in np.flatnonzero(clicked[i])]
+            query = queries[i] if queries is not None else _dirty_query(cat.queries[query_ids[i]], rng, dirt)
+            line = (
+                f'{{"v":{FORMAT_VERSION},"impression_id":"{self.shard:04x}-{self.counter:08x}",'
+                f'"ts":"{stamps[i]}Z","user_id":"u{users[i]:08d}","session_id":"s{sessions[i]:012x}",'
+                f'"query":{orjson.dumps(query).decode()},"results":[{",".join(results)}],'
+                f'"clicks":[{",".join(clicks)}]}}'
+            )
+            self.counter += 1
+            if per_line[i, 0] < dirt.malformed:
+                line = _malform(line, rng)
+            self.emit(line)
+            self.lines += 1
+            if per_line[i, 1] < dirt.duplicate:
+                self.emit(line)
+                self.lines += 1
+
+
+def _rank_and_click(cat: Catalogue, model: ClickModel, rng: np.random.Generator, query_ids: np.ndarray,
+                    click_all: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shown title ids (B, page), click flags and dwell times, vectorised over a chunk."""
+    n = len(query_ids)
+    filler = rng.integers(0, len(cat.title_json), (n, model.filler))
+    ids = np.concatenate([cat.judged[query_ids], filler], axis=1)
+    rel = np.concatenate([cat.relevance[query_ids], np.zeros((n, model.filler))], axis=1)
+    score = rel + model.ranker_noise * rng.standard_normal(rel.shape)
+    order = np.argsort(-score, axis=1, kind="stable")[:, : model.page_size]
+    shown = np.take_along_axis(ids, order, axis=1)
+    shown_rel = np.take_along_axis(rel, order, axis=1)
+    present = np.isfinite(shown_rel)
+    shown[~present] = -1
+    # Absent slots sort last (score -inf), so every row's shown titles are a prefix.
+    grade = np.clip(shown_rel, 0.0, 1.0)
+    attract = model.attract_min + (model.attract_max - model.attract_min) * (4.0**grade - 1.0) / 3.0
+    examine = np.arange(1, shown.shape[1] + 1, dtype=float) ** -model.eta
+    clicked = present & (click_all | (rng.random(shown.shape) < examine * attract))
+    median = model.dwell_base_ms + model.dwell_gain_ms * grade
+    dwell = np.exp(np.log(median) + 0.9 * rng.standard_normal(shown.shape))
+    if click_all:
+        dwell = rng.uniform(150, 1500, shown.shape)
+    return shown, clicked, dwell
+
+
+def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path) -> dict[str, int]:
+    """Write one shard's lines to `path`; returns its counts."""
+    shards = cfg.shard_count()
+    total = cfg.impressions // shards + (1 if shard < cfg.impressions % shards else 0)
+    rng = np.random.default_rng([cfg.seed, shard])
+    model, dirt = cfg.model, cfg.dirt
+    popularity = np.arange(1, len(cat.queries) + 1, dtype=float) ** -model.zipf_exponent
+    cdf = np.cumsum(popularity / popularity.sum())
+    users = max(1_000, cfg.impressions // 25)
+    span_ms = model.days * 86_400_000 / shards
+    t0 = START_MS + shard * span_ms
+    step_ms = span_ms / max(total, 1)
+
+    opener = gzip.open if cfg.gzip else open
+    with opener(path, "wt", encoding="utf-8", newline="\n", **({"compresslevel": 1} if cfg.gzip else {})) as out:
+        writer = _ShardWriter(cat, cfg, shard, rng, lambda line: out.write(line + "\n"))
+        made = bots = 0
+        session = shard << 36
+        while made < total:
+            n = min(CHUNK, total - made)
+            mean_burst = sum(dirt.bot_burst) / 2
+            bursts = rng.integers(dirt.bot_burst[0], dirt.bot_burst[1] + 1, rng.binomial(n, dirt.bot_impressions / mean_burst))
+            bursts = bursts[np.cumsum(bursts) <= n]  # a chunk too small for a burst has none
+            n_bot = int(bursts.sum())
+            n_human = n - n_bot
+            # Humans: sessions of 1+ consecutive impressions by one user on the global clock.
+            sizes = 1 + rng.geometric(0.5, n_human)
+            starts = np.zeros(n_human, dtype=bool)
+            starts[np.minimum(np.cumsum(sizes) - sizes, n_human - 1)] = True
+            session_ids = session + np.cumsum(starts)
+            session = int(session_ids[-1]) + 1 if n_human else session
+            user_ids = rng.integers(0, users, int(starts.sum()))[np.cumsum(starts) - 1] if n_human else np.zeros(0, int)
+            ts = (t0 + (made + np.arange(n_human)) * step_ms + rng.uniform(0, step_ms, n_human)).astype(np.int64)
+            query_ids = np.minimum(np.searchsorted(cdf, rng.random(n_human)), len(cdf) - 1)
+            shown, clicked, dwell = _rank_and_click(cat, model, rng, query_ids)
+            writer.write(ts, user_ids, session_ids, query_ids, shown, clicked, dwell,
+                         rng.random(shown.shape) < dirt.dirty_title)
+            # Bots: bursts of uniform queries ~1.5 s apart by one user id, clicking everything.
+            for size in bursts:
+                bot_user = np.full(size, users + rng.integers(0, users))  # ids no human has
+                bot_ts = (ts[0] if n_human else int(t0)) + np.cumsum(rng.uniform(500, 2500, size)).astype(np.int64)
+                bot_queries = rng.integers(0, len(cat.queries), size)
+                shown_b, clicked_b, dwell_b = _rank_and_click(cat, model, rng, bot_queries, click_all=True)
+                writer.write(bot_ts, bot_user, np.full(size, session), bot_queries, shown_b, clicked_b, dwell_b,
+                             np.zeros(shown_b.shape, dtype=bool), [cat.queries[q] for q in bot_queries])
+                session += 1
+                bots += int(size)
+            made += n
+    return {"impressions": total, "bot_impressions": bots, "lines": writer.lines}
+
+
+def _shard_job(args: tuple[Catalogue, SimulationConfig, int, Path]) -> dict[str, int]:
+    return simulate_shard(*args)
+
+
+def write_test_pairs(test: list[JudgedPair], path: Path) -> None:
+    table = pa.table(
+        {
+            "row": [p.row for p in test],
+            "query": [p.query for p in test],
+            "query_norm": [norm(p.query) for p in test],
+            "title": [p.title for p in test],
+            "label": [p.label for p in test],
+        },
+        schema=TEST_PAIRS,
+    )
+    pq.write_table(table, path)
+
+
+def simulate(pairs: list[JudgedPair], out: Path, cfg: SimulationConfig, source: dict[str, Any],
+             progress: Callable[[int], None] | None = None, force: bool = False) -> dict[str, Any]:
+    """Write `out/logs/part-*.jsonl[.gz]`, `out/test_pairs.parquet` and the manifest, atomically.
+
+    `source` describes the judged set (path, sha256, columns); with the same source and config
+    an existing output is kept as it is.
+    """
+    if cfg.impressions < 1:
+        raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
+    params = {"impressions": cfg.impressions, "seed": cfg.seed, "shards": cfg.shard_count(), "gzip": cfg.gzip,
+              "click_model": asdict(cfg.model), "dirt": asdict(cfg.dirt)}
+    key = input_key("simulate", {"judgments": source["sha256"]}, {**params, "spec": source.get("spec")})
+    if not force and is_up_to_date(out, key):
+        log.info("simulate: %s is up to date, nothing to do", out)
+        return read_manifest(out)
+    train, test = split_judgments(pairs)
+    cat = build_catalogue(train, cfg.seed)
+    shards = cfg.shard_count()
+    suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
+    with atomic_dir(out) as tmp:
+        (tmp / "logs").mkdir()
+        jobs = [(cat, cfg, s, tmp / "logs" / f"part-{s:05d}{suffix}") for s in range(shards)]
+        workers = min(shards, cfg.workers or multiprocessing.cpu_count())
+        totals = {"impressions": 0, "bot_impressions": 0, "lines": 0}
+        if workers > 1:
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                results = pool.imap(_shard_job, jobs)
+                for counts in results:
+                    totals = {k: totals[k] + counts[k] for k in totals}
+                    if progress:
+                        progress(counts["impressions"])
+        else:
+            for job in jobs:
+                counts = _shard_job(job)
+                totals = {k: totals[k] + counts[k] for k in totals}
+                if progress:
+                    progress(counts["impressions"])
+        write_test_pairs(test, tmp / "test_pairs.parquet")
+        manifest = write_manifest(tmp, {
+            "stage": "simulate",
+            "input_key": key,
+            "format": f"dssm.impressions/{FORMAT_VERSION}",
+            "inputs": {"judgments": source},
+            "params": params,
+            "counts": {**totals, "train_queries": len(cat.queries), "train_titles": len(cat.title_json),
+                       "test_queries": len({norm(p.query) for p in test}), "test_pairs": len(test)},
+        })
+    return manifest

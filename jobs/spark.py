@@ -1,0 +1,79 @@
+"""One way to get a Spark session: `local[*]` by default, any master URL for a cluster.
+
+The master comes from the `--master` option, else `DSSM_SPARK_MASTER`, else `local[*]`, so the
+same job code runs unchanged on a standalone, Kubernetes or YARN cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from dssm.errors import DssmError
+from jobs.schemas import check_parquet
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "16",
+    "spark.sql.adaptive.enabled": "true",
+    # Local-FS checksum and _SUCCESS files are not data: keep outputs to the data files.
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "spark.sql.parquet.compression.codec": "zstd",
+    "spark.driver.memory": "4g",
+}
+
+
+def resolve_master(master: str | None = None) -> str:
+    return master or os.environ.get("DSSM_SPARK_MASTER") or "local[*]"
+
+
+def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any] | None = None) -> SparkSession:
+    """The active session if one exists (tests share one), else a new one for `master`."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # Python UDFs (the raw-log parser) must run in this interpreter, with its packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(resolve_master(master)).appName(app)
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, str(value))
+    try:
+        spark = builder.getOrCreate()
+    except Exception as e:  # py4j/JVM start-up failures arrive as many exception types
+        raise DssmError(f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = None) -> int:
+    """Write `df` cast to the contract `schema` as `path/part-NNNNN.parquet`; returns its row count.
+
+    Part files get stable names (Spark's carry a random job id) so a rerun with the same data is
+    a byte-identical rewrite, and the written files are checked against the contract.
+    """
+    from jobs.schemas import spark_schema
+
+    target = spark_schema(schema)
+    df = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in target.fields])
+    if partitions is not None:
+        df = df.coalesce(partitions)
+    df.write.mode("overwrite").parquet(str(path))
+    parts = sorted(path.glob("part-*.parquet"))
+    for i, part in enumerate(parts):
+        part.rename(path / f"part-{i:05d}.parquet")
+    for junk in list(path.glob(".*.crc")) + list(path.glob("_*")):
+        junk.unlink()
+    check_parquet(path, schema)
+    return _count_rows(path)
+
+
+def _count_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("*.parquet"))

@@ -1,0 +1,109 @@
+"""`dssm vocab`: letter-trigram and word vocabularies from the cleaned click data.
+
+Counted over the distinct queries of the clicked pairs and the titles of the title pool (train
+data only: test queries never reach the logs), one count per occurrence in those texts.
+Ids are deterministic: by count descending, then token ascending, from 1; id 0 is `<unk>`, whose
+count is the occurrences of every token left out by `min_count` or `max_size`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, require_manifest, write_manifest
+from dssm.text import WORD_BOUNDARY
+from jobs.schemas import VOCAB
+from jobs.spark import write_parquet
+
+log = logging.getLogger(__name__)
+UNKNOWN = "<unk>"
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    min_count: int = 2
+    max_size: int = 50_000  # trigrams, <unk> included
+    word_min_count: int = 2
+    word_max_size: int = 100_000  # words, <unk> included
+
+
+def texts(pairs: DataFrame, titles: DataFrame) -> DataFrame:
+    """The normalised texts the vocabularies count over (column `text`)."""
+    return pairs.select(F.col("query").alias("text")).distinct().unionByName(titles.select(F.col("title").alias("text")))
+
+
+def word_counts(text: DataFrame) -> DataFrame:
+    words = text.select(F.explode(F.split("text", " ")).alias("token")).where(F.col("token") != "")
+    return words.groupBy("token").count()
+
+
+def trigram_counts(text: DataFrame) -> DataFrame:
+    """Counts of `dssm.text.word_trigrams` over every word: '#'-padded, sliding windows of 3."""
+    padded = F.concat(F.lit(WORD_BOUNDARY), F.col("word"), F.lit(WORD_BOUNDARY))
+    words = text.select(F.explode(F.split("text", " ")).alias("word")).where(F.col("word") != "")
+    grams = words.select(
+        F.explode(F.transform(F.sequence(F.lit(1), F.length("word")), lambda i: F.substring(padded, i, 3))).alias("token")
+    )
+    return grams.groupBy("token").count()
+
+
+def build_vocab(counts: DataFrame, min_count: int, max_size: int) -> DataFrame:
+    """(id, token, count) with deterministic ids and <unk> at id 0 holding the left-out mass."""
+    if max_size < 2:
+        raise ValueError("max_size must leave room for <unk> and one token")
+    ranked = counts.where(F.col("count") >= min_count).select(
+        "token", "count", F.row_number().over(Window.orderBy(F.desc("count"), "token")).alias("id")
+    ).where(F.col("id") < max_size)
+    total = counts.agg(F.coalesce(F.sum("count"), F.lit(0)).alias("n"))
+    kept = ranked.agg(F.coalesce(F.sum("count"), F.lit(0)).alias("k"))
+    unknown = total.crossJoin(kept).select(
+        F.lit(0).alias("id"), F.lit(UNKNOWN).alias("token"), (F.col("n") - F.col("k")).alias("count")
+    )
+    return unknown.unionByName(ranked.select("id", "token", "count"))
+
+
+def _summary(vocab: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(vocab)
+    counts = table.column("count").to_pylist()
+    total = sum(counts)
+    return {"size": table.num_rows, "occurrences": total,
+            "coverage": round(1 - counts[table.column("id").to_pylist().index(0)] / total, 6) if total else 0.0}
+
+
+def vocab(spark: SparkSession, clean_dir: Path, out: Path, cfg: VocabConfig = VocabConfig(),
+          force: bool = False) -> dict[str, Any]:
+    upstream = require_manifest(clean_dir, "clean")
+    key = input_key("vocab", {"clean": upstream["content_sha256"]}, asdict(cfg))
+    if not force and is_up_to_date(out, key):
+        log.info("vocab: %s is up to date, nothing to do", out)
+        return read_manifest(out)
+    text = texts(spark.read.parquet(str(clean_dir / "pairs")), spark.read.parquet(str(clean_dir / "titles")))
+    with atomic_dir(out) as tmp:
+        summary = {}
+        for name, counts, min_count, max_size in [
+            ("trigrams", trigram_counts(text), cfg.min_count, cfg.max_size),
+            ("words", word_counts(text), cfg.word_min_count, cfg.word_max_size),
+        ]:
+            table = build_vocab(counts, min_count, max_size).orderBy("id")
+            write_parquet(table, tmp / name, VOCAB, partitions=1)
+            summary[name] = {**_summary(tmp / name), "min_count": min_count, "max_size": max_size,
+                             "candidates": counts.count()}
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("vocab: %d trigrams (coverage %.4f), %d words (coverage %.4f)",
+                 summary["trigrams"]["size"], summary["trigrams"]["coverage"],
+                 summary["words"]["size"], summary["words"]["coverage"])
+        return write_manifest(tmp, {
+            "stage": "vocab", "input_key": key,
+            "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
+            "params": asdict(cfg), "counts": summary,
+            "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"},
+        })
