@@ -15,9 +15,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import dssm
 from dssm.errors import DssmError
@@ -39,8 +40,7 @@ def data_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
     return sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and p.name != MANIFEST and not p.name.startswith((".", "_"))
+        p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith((".", "_"))
     )
 
 

@@ -27,12 +27,17 @@ def _add_simulate_options(p: argparse.ArgumentParser) -> None:
     from jobs.simulate import SimulationConfig
 
     d = SimulationConfig()
-    p.add_argument("--judgments", type=Path,
-                   help="judged set (CSV/TSV or a .zip of one); default: the embedded catalogue")
+    p.add_argument(
+        "--judgments", type=Path, help="judged set (CSV/TSV or a .zip of one); default: the embedded catalogue"
+    )
     add_judgment_options(p)
     g = p.add_argument_group("simulation")
-    g.add_argument("--impressions", type=lambda s: int(s.replace("_", "")), default=d.impressions,
-                   help="impressions to simulate, e.g. 10_000_000 (default: %(default)s)")
+    g.add_argument(
+        "--impressions",
+        type=lambda s: int(s.replace("_", "")),
+        default=d.impressions,
+        help="impressions to simulate, e.g. 10_000_000 (default: %(default)s)",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
     g.add_argument("--shards", type=int, default=d.shards, help="output files (default: one per 250k impressions)")
     g.add_argument("--workers", type=int, default=d.workers, help="parallel processes (default: CPUs)")
@@ -48,16 +53,21 @@ def _source(args: argparse.Namespace):
     path = args.judgments or DEFAULT_CATALOGUE
     spec = spec_from_args(args)
     pairs = read_judgments(path, spec)
-    source = {"path": str(path), "sha256": sha256_file(Path(path)), "spec": vars(spec),
-              "embedded_default": args.judgments is None}
+    source = {
+        "path": str(path),
+        "sha256": sha256_file(Path(path)),
+        "spec": vars(spec),
+        "embedded_default": args.judgments is None,
+    }
     return pairs, source
 
 
 def _simulation_config(args: argparse.Namespace):
     from jobs.simulate import SimulationConfig
 
-    return SimulationConfig(impressions=args.impressions, seed=args.seed, shards=args.shards,
-                            workers=args.workers, gzip=args.gzip)
+    return SimulationConfig(
+        impressions=args.impressions, seed=args.seed, shards=args.shards, workers=args.workers, gzip=args.gzip
+    )
 
 
 def _run_simulate(args: argparse.Namespace, out: Path) -> dict:
@@ -74,20 +84,28 @@ def _run_simulate(args: argparse.Namespace, out: Path) -> dict:
 def cmd_simulate(args: argparse.Namespace) -> None:
     m = _run_simulate(args, args.out)
     c = m["counts"]
-    print(f"simulated {c['impressions']:,} impressions ({c['lines']:,} lines) of {c['train_queries']:,} train queries "
-          f"-> {args.out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {args.out / 'test_pairs.parquet'}")
+    print(
+        f"simulated {c['impressions']:,} impressions ({c['lines']:,} lines) of {c['train_queries']:,} train queries "
+        f"-> {args.out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {args.out / 'test_pairs.parquet'}"
+    )
 
 
 def cmd_clean(args: argparse.Namespace) -> None:
     from jobs.clean import CleanConfig, clean
     from jobs.spark import get_spark
 
-    cfg = CleanConfig(bot_max_per_minute=args.bot_max_per_minute, bot_min_impressions=args.bot_min_impressions,
-                      bot_min_click_rate=args.bot_min_click_rate, max_malformed_rate=args.max_malformed_rate)
+    cfg = CleanConfig(
+        bot_max_per_minute=args.bot_max_per_minute,
+        bot_min_impressions=args.bot_min_impressions,
+        bot_min_click_rate=args.bot_min_click_rate,
+        max_malformed_rate=args.max_malformed_rate,
+    )
     m = clean(get_spark(args.master, "dssm-clean"), args.input, args.out, cfg, force=args.force)
     c = m["counts"]
-    print(f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
-          f"{c['pairs']:,} clicked pairs, {c['titles']:,} titles -> {args.out}")
+    print(
+        f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
+        f"{c['pairs']:,} clicked pairs, {c['titles']:,} titles -> {args.out}"
+    )
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
@@ -145,23 +163,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dssm",
         description="Learn search embeddings from click logs: simulate logs, clean them, build vocabularies, "
-                    "sample negatives.",
+        "sample negatives.",
     )
     parser.add_argument("--version", action="version", version=f"dssm {dssm.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("simulate", help="simulate raw click logs from a judged set",
-                       description="Write raw impression logs (docs/raw-log-format.md) for the train queries of a "
-                                   "judged set and its held-out test pairs as Parquet (PROTOCOL.md split).")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate raw click logs from a judged set",
+        description="Write raw impression logs (docs/raw-log-format.md) for the train queries of a "
+        "judged set and its held-out test pairs as Parquet (PROTOCOL.md split).",
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="recompute even if the output is up to date")
     _add_simulate_options(p)
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("clean", help="raw logs -> clicked pairs, title pool, rejects (Spark)",
-                       description="Parse and validate raw logs, quarantine malformed lines with a reason, drop "
-                                   "duplicates, empty queries and bots, and count clicks per (query, title).")
+    p = sub.add_parser(
+        "clean",
+        help="raw logs -> clicked pairs, title pool, rejects (Spark)",
+        description="Parse and validate raw logs, quarantine malformed lines with a reason, drop "
+        "duplicates, empty queries and bots, and count clicks per (query, title).",
+    )
     p.add_argument("--input", required=True, help="raw log file, directory, glob or a `dssm simulate` output")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     _add_spark_options(p)
@@ -169,22 +193,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = CleanConfig()
     g = p.add_argument_group("rules")
-    g.add_argument("--bot-max-per-minute", type=int, default=d.bot_max_per_minute,
-                   help="a user with more impressions in one minute is a bot (default: %(default)s)")
-    g.add_argument("--bot-min-impressions", type=int, default=d.bot_min_impressions,
-                   help="... or with at least this many impressions (default: %(default)s)")
-    g.add_argument("--bot-min-click-rate", type=float, default=d.bot_min_click_rate,
-                   help="... clicking at least this share of shown results (default: %(default)s)")
-    g.add_argument("--max-malformed-rate", type=float, default=d.max_malformed_rate,
-                   help="refuse input with a larger share of malformed lines (default: %(default)s)")
+    g.add_argument(
+        "--bot-max-per-minute",
+        type=int,
+        default=d.bot_max_per_minute,
+        help="a user with more impressions in one minute is a bot (default: %(default)s)",
+    )
+    g.add_argument(
+        "--bot-min-impressions",
+        type=int,
+        default=d.bot_min_impressions,
+        help="... or with at least this many impressions (default: %(default)s)",
+    )
+    g.add_argument(
+        "--bot-min-click-rate",
+        type=float,
+        default=d.bot_min_click_rate,
+        help="... clicking at least this share of shown results (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-malformed-rate",
+        type=float,
+        default=d.max_malformed_rate,
+        help="refuse input with a larger share of malformed lines (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_clean)
 
     from jobs.vocab import VocabConfig
 
     d = VocabConfig()
-    p = sub.add_parser("vocab", help="letter-trigram and word vocabularies (Spark)",
-                       description="Build the letter-trigram vocabulary (word hashing) and a word vocabulary "
-                                   "from a `dssm clean` output.")
+    p = sub.add_parser(
+        "vocab",
+        help="letter-trigram and word vocabularies (Spark)",
+        description="Build the letter-trigram vocabulary (word hashing) and a word vocabulary "
+        "from a `dssm clean` output.",
+    )
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--min-count", type=int, default=d.min_count, help="trigram min count (default: %(default)s)")
@@ -197,9 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     from jobs.negatives import NegativesConfig
 
     d = NegativesConfig()
-    p = sub.add_parser("negatives", help="sample negative titles per clicked pair (Spark)",
-                       description="For each clicked pair draw n negative titles from the title pool, never one "
-                                   "clicked for the same query, and split queries into train and validation.")
+    p = sub.add_parser(
+        "negatives",
+        help="sample negative titles per clicked pair (Spark)",
+        description="For each clicked pair draw n negative titles from the title pool, never one "
+        "clicked for the same query, and split queries into train and validation.",
+    )
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("-n", type=int, default=d.n, help="negatives per pair (default: %(default)s)")
@@ -209,9 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_options(p)
     p.set_defaults(func=cmd_negatives)
 
-    p = sub.add_parser("run", help="the whole pipeline: simulate -> clean -> vocab -> negatives",
-                       description="Run every stage into --workdir; finished stages with unchanged inputs are "
-                                   "skipped. Without --judgments it uses the embedded default catalogue.")
+    p = sub.add_parser(
+        "run",
+        help="the whole pipeline: simulate -> clean -> vocab -> negatives",
+        description="Run every stage into --workdir; finished stages with unchanged inputs are "
+        "skipped. Without --judgments it uses the embedded default catalogue.",
+    )
     p.add_argument("--workdir", type=Path, default=Path("work"), help="where stage outputs go (default: %(default)s)")
     p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
     _add_spark_options(p)
@@ -222,8 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.
@@ -237,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        print(f"dssm {args.command}: error: {type(e).__name__}: {first[:400]} (rerun with -v for the trace)",
-              file=sys.stderr)
+        print(
+            f"dssm {args.command}: error: {type(e).__name__}: {first[:400]} (rerun with -v for the trace)",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(f"dssm {args.command}: interrupted; finished outputs are kept, partial ones discarded", file=sys.stderr)

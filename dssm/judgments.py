@@ -11,9 +11,9 @@ import csv
 import io
 import math
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from dssm.errors import DssmError
 
@@ -93,8 +93,7 @@ def iter_judgments(path: str | Path, spec: JudgedSetSpec = JudgedSetSpec()) -> I
                     label = math.nan
                 if not math.isfinite(label):
                     raise DssmError(
-                        f"{path}: row {row_no + 2}: label {raw_label!r} in column "
-                        f"{spec.label_col!r} is not a number"
+                        f"{path}: row {row_no + 2}: label {raw_label!r} in column {spec.label_col!r} is not a number"
                     )
                 yield JudgedPair(row_no, row[spec.query_col] or "", row[spec.title_col] or "", label)
         except UnicodeDecodeError as e:

@@ -34,6 +34,7 @@ from jobs.spark import write_parquet
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class CleanConfig:
     bot_max_per_minute: int = 20
@@ -73,8 +74,13 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
     """(line, reason) of well-formed lines dropped by rule: duplicates, empty queries, bots."""
     # Only small columns take part in the shuffles below.
     good = parsed.where(F.col("reason").isNull()).select(
-        "line", "impression_id", "user_id", "ts_ms", (F.col("query") == "").alias("empty"),
-        F.size("clicked").alias("clicks"), F.size("titles").alias("shown"),
+        "line",
+        "impression_id",
+        "user_id",
+        "ts_ms",
+        (F.col("query") == "").alias("empty"),
+        F.size("clicked").alias("clicks"),
+        F.size("titles").alias("shown"),
     )
     first = Window.partitionBy("impression_id").orderBy("line")
     ranked = good.select("line", F.row_number().over(first).alias("n"))
@@ -83,8 +89,10 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
     empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
     humans_or_bots = unique.where(~F.col("empty"))
     per_minute = (
-        humans_or_bots.groupBy("user_id", F.floor(F.col("ts_ms") / 60_000).alias("minute")).count()
-        .groupBy("user_id").agg(F.max("count").alias("peak_per_minute"))
+        humans_or_bots.groupBy("user_id", F.floor(F.col("ts_ms") / 60_000).alias("minute"))
+        .count()
+        .groupBy("user_id")
+        .agg(F.max("count").alias("peak_per_minute"))
     )
     per_user = humans_or_bots.groupBy("user_id").agg(
         F.count("*").alias("impressions"),
@@ -95,8 +103,10 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
         per_user.join(per_minute, "user_id")
         .where(
             (F.col("peak_per_minute") > cfg.bot_max_per_minute)
-            | ((F.col("impressions") >= cfg.bot_min_impressions)
-               & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown")))
+            | (
+                (F.col("impressions") >= cfg.bot_min_impressions)
+                & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown"))
+            )
         )
         .select("user_id")
     )
@@ -123,8 +133,9 @@ def _ordered(df: DataFrame, rows: int, cfg: CleanConfig, *keys: str) -> tuple[Da
     return df.repartition(files, *keys).sortWithinPartitions(*keys), files
 
 
-def clean(spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(),
-          force: bool = False) -> dict[str, Any]:
+def clean(
+    spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(), force: bool = False
+) -> dict[str, Any]:
     source = resolve_input(input_path)
     source_hash = content_sha256(Path(source)) if "://" not in source else source
     key = input_key("clean", {"raw": source_hash}, asdict(cfg))
@@ -144,9 +155,8 @@ def clean(spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = Cl
         drops_n = drops.count()
         log.info("clean: %d lines dropped by rule", drops_n)
         # Not persisted: each action below re-reads only the Parquet columns it needs.
-        status = (
-            parsed.join(F.broadcast(drops), "line", "left")
-            .withColumn("status", F.coalesce("reason", "rule", F.lit("kept")))
+        status = parsed.join(F.broadcast(drops), "line", "left").withColumn(
+            "status", F.coalesce("reason", "rule", F.lit("kept"))
         )
         counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
         kept_n = counts.pop("kept", 0)
@@ -167,15 +177,22 @@ def clean(spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = Cl
         pairs_df, _ = _ordered(clicked, clicked_n, cfg, "query", "title")
         n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
 
-        titles = all_pairs.groupBy("title").agg(F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks"))
+        titles = all_pairs.groupBy("title").agg(
+            F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks")
+        )
         titles_df, _ = _ordered(titles, pairs_total, cfg, "title")
         n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
         rejects = status.where(F.col("status") != "kept").select(
-            F.col("source"), F.col("status").alias("reason"),
-            F.coalesce("detail", F.when(F.col("status") == "bot_user", F.concat(F.lit("user "), F.col("user_id"))))
-            .alias("detail"),
-            "raw", "impression_id", "user_id", "line",
+            F.col("source"),
+            F.col("status").alias("reason"),
+            F.coalesce(
+                "detail", F.when(F.col("status") == "bot_user", F.concat(F.lit("user "), F.col("user_id")))
+            ).alias("detail"),
+            "raw",
+            "impression_id",
+            "user_id",
+            "line",
         )
         rejects_df, _ = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
         n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
@@ -185,21 +202,30 @@ def clean(spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = Cl
 
         rejected = sum(counts.values())
         if lines_read != kept_n + rejected or n_rejects != rejected:
-            raise DssmError(f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}")
+            raise DssmError(
+                f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}"
+            )
         queries = spark.read.parquet(str(tmp / "pairs")).select("query").distinct().count()
         log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
-        return write_manifest(tmp, {
-            "stage": "clean",
-            "input_key": key,
-            "inputs": {"raw": {"path": source, "sha256": source_hash}},
-            "params": asdict(cfg),
-            "counts": {
-                "lines_read": lines_read, "kept": kept_n, "rejected": rejected,
-                "rejected_by_reason": dict(sorted(counts.items())),
-                "pairs": n_pairs, "queries": queries, "titles": n_titles,
+        return write_manifest(
+            tmp,
+            {
+                "stage": "clean",
+                "input_key": key,
+                "inputs": {"raw": {"path": source, "sha256": source_hash}},
+                "params": asdict(cfg),
+                "counts": {
+                    "lines_read": lines_read,
+                    "kept": kept_n,
+                    "rejected": rejected,
+                    "rejected_by_reason": dict(sorted(counts.items())),
+                    "pairs": n_pairs,
+                    "queries": queries,
+                    "titles": n_titles,
+                },
+                "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
             },
-            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
-        })
+        )
 
 
 def _top(counts: dict[str, int]) -> str:

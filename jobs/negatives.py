@@ -48,8 +48,7 @@ def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) 
     widest = pairs.groupBy("query").count().agg(F.max("count")).first()[0] or 0
     if pool_size - widest < cfg.n:
         raise DssmError(
-            f"title pool too small: {pool_size} titles, a query with {widest} clicked titles, "
-            f"{cfg.n} negatives wanted"
+            f"title pool too small: {pool_size} titles, a query with {widest} clicked titles, {cfg.n} negatives wanted"
         )
     clicked = pairs.select("query", F.col("title").alias("negative"))
     todo = pairs.select("query", F.col("title").alias("positive"), "clicks", "impressions")
@@ -68,9 +67,11 @@ def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) 
         picked = first_k.groupBy("query", "positive").agg(
             F.slice(F.sort_array(F.collect_list(F.struct("k", "negative"))), 1, cfg.n)["negative"].alias("negatives")
         )
-        rows = todo.join(picked, ["query", "positive"], "left").withColumn(
-            "negatives", F.coalesce("negatives", F.array().cast("array<string>"))
-        ).persist()
+        rows = (
+            todo.join(picked, ["query", "positive"], "left")
+            .withColumn("negatives", F.coalesce("negatives", F.array().cast("array<string>")))
+            .persist()
+        )
         full = rows.where(F.size("negatives") == cfg.n)
         done = full if done is None else done.unionByName(full)
         todo = rows.where(F.size("negatives") < cfg.n).drop("negatives")
@@ -80,8 +81,9 @@ def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) 
     raise DssmError(f"could not draw {cfg.n} negatives for {todo.count()} pairs in {MAX_ROUNDS} rounds")
 
 
-def negatives(spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(),
-              force: bool = False) -> dict[str, Any]:
+def negatives(
+    spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(), force: bool = False
+) -> dict[str, Any]:
     upstream = require_manifest(clean_dir, "clean")
     if cfg.n < 1 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
         raise DssmError("need n >= 1, shards >= 1 and 0 <= valid_fraction < 1")
@@ -100,11 +102,19 @@ def negatives(spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesCon
             counts[f"{split}_rows"] = write_parquet(ordered, tmp / split, NEGATIVES)
             counts[f"{split}_queries"] = part.select("query").distinct().count()
         counts["pool_titles"] = titles.count()
-        log.info("negatives: %(train_rows)d train rows (%(train_queries)d queries), "
-                 "%(valid_rows)d valid rows (%(valid_queries)d queries)", counts)
-        return write_manifest(tmp, {
-            "stage": "negatives", "input_key": key,
-            "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
-            "params": asdict(cfg), "counts": counts,
-            "outputs": {"train": "train/", "valid": "valid/"},
-        })
+        log.info(
+            "negatives: %(train_rows)d train rows (%(train_queries)d queries), "
+            "%(valid_rows)d valid rows (%(valid_queries)d queries)",
+            counts,
+        )
+        return write_manifest(
+            tmp,
+            {
+                "stage": "negatives",
+                "input_key": key,
+                "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
+                "params": asdict(cfg),
+                "counts": counts,
+                "outputs": {"train": "train/", "valid": "valid/"},
+            },
+        )

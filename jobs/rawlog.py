@@ -19,25 +19,40 @@ from dssm.text import norm
 FORMAT_VERSION = 1
 REQUIRED = ("v", "impression_id", "ts", "user_id", "query", "results", "clicks")
 _TYPES: dict[str, type | tuple[type, ...]] = {
-    "v": int, "impression_id": str, "ts": str, "user_id": str, "query": str, "results": list, "clicks": list,
+    "v": int,
+    "impression_id": str,
+    "ts": str,
+    "user_id": str,
+    "query": str,
+    "results": list,
+    "clicks": list,
 }
-MALFORMED_REASONS = ("empty_line", "invalid_json", "not_an_object", "missing_field", "wrong_type",
-                     "unsupported_version", "bad_value")
+MALFORMED_REASONS = (
+    "empty_line",
+    "invalid_json",
+    "not_an_object",
+    "missing_field",
+    "wrong_type",
+    "unsupported_version",
+    "bad_value",
+)
 
-PARSED = pa.schema([
-    pa.field("source", pa.string()),
-    pa.field("line", pa.int64()),
-    pa.field("reason", pa.string()),  # null for a well-formed line
-    pa.field("detail", pa.string()),
-    pa.field("raw", pa.string()),  # the line, kept for malformed ones only
-    pa.field("impression_id", pa.string()),
-    pa.field("user_id", pa.string()),
-    pa.field("ts_ms", pa.int64()),
-    pa.field("query", pa.string()),  # normalised
-    pa.field("titles", pa.list_(pa.string())),  # normalised, in position order
-    pa.field("positions", pa.list_(pa.int32())),
-    pa.field("clicked", pa.list_(pa.int32())),  # clicked positions
-])
+PARSED = pa.schema(
+    [
+        pa.field("source", pa.string()),
+        pa.field("line", pa.int64()),
+        pa.field("reason", pa.string()),  # null for a well-formed line
+        pa.field("detail", pa.string()),
+        pa.field("raw", pa.string()),  # the line, kept for malformed ones only
+        pa.field("impression_id", pa.string()),
+        pa.field("user_id", pa.string()),
+        pa.field("ts_ms", pa.int64()),
+        pa.field("query", pa.string()),  # normalised
+        pa.field("titles", pa.list_(pa.string())),  # normalised, in position order
+        pa.field("positions", pa.list_(pa.int32())),
+        pa.field("clicked", pa.list_(pa.int32())),  # clicked positions
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +127,9 @@ def parse_line(line: str) -> Impression:
         if click["position"] not in positions or not _is(dwell, int) or dwell < 0:
             raise Malformed("bad_value", "clicks: a position not shown, or a bad dwell_ms")
         clicked.append(click["position"])
-    return Impression(record["impression_id"], record["user_id"], ts_ms, norm(record["query"]),
-                      titles, positions, clicked)
+    return Impression(
+        record["impression_id"], record["user_id"], ts_ms, norm(record["query"]), titles, positions, clicked
+    )
 
 
 def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -121,15 +137,25 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     for batch in batches:
         sources, lines, values = (batch.column(i).to_pylist() for i in range(3))
         cols: dict[str, list] = {f.name: [] for f in PARSED}
-        for source, line_no, value in zip(sources, lines, values):
+        for source, line_no, value in zip(sources, lines, values, strict=True):
             try:
                 imp = parse_line(value or "")
-                row = (None, None, None, imp.impression_id, imp.user_id, imp.ts_ms, imp.query,
-                       imp.titles, imp.positions, imp.clicked)
+                row = (
+                    None,
+                    None,
+                    None,
+                    imp.impression_id,
+                    imp.user_id,
+                    imp.ts_ms,
+                    imp.query,
+                    imp.titles,
+                    imp.positions,
+                    imp.clicked,
+                )
             except Malformed as bad:
                 row = (bad.reason, bad.detail, value, None, None, None, None, None, None, None)
             cols["source"].append(source)
             cols["line"].append(line_no)
-            for name, v in zip(PARSED.names[2:], row):
+            for name, v in zip(PARSED.names[2:], row, strict=True):
                 cols[name].append(v)
         yield pa.RecordBatch.from_pydict(cols, schema=PARSED)

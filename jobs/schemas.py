@@ -16,49 +16,61 @@ from dssm.errors import DssmError
 
 _str_list = pa.list_(pa.field("element", pa.string(), nullable=False))
 
-TEST_PAIRS = pa.schema([
-    pa.field("row", pa.int64(), nullable=False),  # position in the judged file (stable tie order)
-    pa.field("query", pa.string(), nullable=False),
-    pa.field("query_norm", pa.string(), nullable=False),
-    pa.field("title", pa.string(), nullable=False),
-    pa.field("label", pa.float64(), nullable=False),
-])
+TEST_PAIRS = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),  # position in the judged file (stable tie order)
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("query_norm", pa.string(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("label", pa.float64(), nullable=False),
+    ]
+)
 
-CLICK_PAIRS = pa.schema([
-    pa.field("query", pa.string(), nullable=False),  # normalised (PROTOCOL.md §2)
-    pa.field("title", pa.string(), nullable=False),  # normalised
-    pa.field("clicks", pa.int64(), nullable=False),
-    pa.field("impressions", pa.int64(), nullable=False),  # times the title was shown for the query
-])
+CLICK_PAIRS = pa.schema(
+    [
+        pa.field("query", pa.string(), nullable=False),  # normalised (PROTOCOL.md §2)
+        pa.field("title", pa.string(), nullable=False),  # normalised
+        pa.field("clicks", pa.int64(), nullable=False),
+        pa.field("impressions", pa.int64(), nullable=False),  # times the title was shown for the query
+    ]
+)
 
-TITLES = pa.schema([
-    pa.field("title", pa.string(), nullable=False),
-    pa.field("impressions", pa.int64(), nullable=False),
-    pa.field("clicks", pa.int64(), nullable=False),
-])
+TITLES = pa.schema(
+    [
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("impressions", pa.int64(), nullable=False),
+        pa.field("clicks", pa.int64(), nullable=False),
+    ]
+)
 
-REJECTS = pa.schema([
-    pa.field("source", pa.string(), nullable=False),  # file the line came from
-    pa.field("reason", pa.string(), nullable=False),
-    pa.field("detail", pa.string(), nullable=True),
-    pa.field("raw", pa.string(), nullable=True),  # the line itself, for malformed lines
-    pa.field("impression_id", pa.string(), nullable=True),
-    pa.field("user_id", pa.string(), nullable=True),
-])
+REJECTS = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),  # file the line came from
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=True),
+        pa.field("raw", pa.string(), nullable=True),  # the line itself, for malformed lines
+        pa.field("impression_id", pa.string(), nullable=True),
+        pa.field("user_id", pa.string(), nullable=True),
+    ]
+)
 
-VOCAB = pa.schema([
-    pa.field("id", pa.int32(), nullable=False),  # 0 is reserved for unknown
-    pa.field("token", pa.string(), nullable=False),
-    pa.field("count", pa.int64(), nullable=False),
-])
+VOCAB = pa.schema(
+    [
+        pa.field("id", pa.int32(), nullable=False),  # 0 is reserved for unknown
+        pa.field("token", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+    ]
+)
 
-NEGATIVES = pa.schema([
-    pa.field("query", pa.string(), nullable=False),
-    pa.field("positive", pa.string(), nullable=False),
-    pa.field("negatives", _str_list, nullable=False),
-    pa.field("clicks", pa.int64(), nullable=False),
-    pa.field("impressions", pa.int64(), nullable=False),
-])
+NEGATIVES = pa.schema(
+    [
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("positive", pa.string(), nullable=False),
+        pa.field("negatives", _str_list, nullable=False),
+        pa.field("clicks", pa.int64(), nullable=False),
+        pa.field("impressions", pa.int64(), nullable=False),
+    ]
+)
 
 
 def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType

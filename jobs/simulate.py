@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import logging
 import multiprocessing
 from collections.abc import Callable
@@ -169,7 +170,7 @@ def _dirty_query(query: str, rng: np.random.Generator, dirt: DirtRates) -> str:
             query = query.title()
         else:
             flips = rng.random(len(query)) < 0.3
-            query = "".join(c.upper() if f else c for c, f in zip(query, flips))
+            query = "".join(c.upper() if f else c for c, f in zip(query, flips, strict=True))
     if u[1] < dirt.extra_spaces:
         query = "  " + query.replace(" ", "   ") + " "
     if u[2] < dirt.unicode_space and " " in query:
@@ -196,14 +197,25 @@ def _malform(line: str, rng: np.random.Generator) -> str:
 class _ShardWriter:
     """Formats impressions as JSON lines, adding per-line dirt (duplicates, malformed lines)."""
 
-    def __init__(self, cat: Catalogue, cfg: SimulationConfig, shard: int, rng: np.random.Generator, emit: Callable[[str], None]):
+    def __init__(
+        self, cat: Catalogue, cfg: SimulationConfig, shard: int, rng: np.random.Generator, emit: Callable[[str], None]
+    ):
         self.cat, self.cfg, self.shard, self.rng, self.emit = cat, cfg, shard, rng, emit
         self.counter = 0
         self.lines = 0
 
-    def write(self, ts: np.ndarray, users: np.ndarray, sessions: np.ndarray, query_ids: np.ndarray,
-              shown: np.ndarray, clicked: np.ndarray, dwell: np.ndarray, dirty_titles: np.ndarray,
-              queries: list[str] | None = None) -> None:
+    def write(
+        self,
+        ts: np.ndarray,
+        users: np.ndarray,
+        sessions: np.ndarray,
+        query_ids: np.ndarray,
+        shown: np.ndarray,
+        clicked: np.ndarray,
+        dwell: np.ndarray,
+        dirty_titles: np.ndarray,
+        queries: list[str] | None = None,
+    ) -> None:
         cat, dirt, rng = self.cat, self.cfg.dirt, self.rng
         stamps = np.datetime_as_string(ts.astype("datetime64[ms]"), unit="ms")
         per_line = rng.random((len(ts), 2))
@@ -234,8 +246,9 @@ class _ShardWriter:
                 self.lines += 1
 
 
-def _rank_and_click(cat: Catalogue, model: ClickModel, rng: np.random.Generator, query_ids: np.ndarray,
-                    click_all: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rank_and_click(
+    cat: Catalogue, model: ClickModel, rng: np.random.Generator, query_ids: np.ndarray, click_all: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shown title ids (B, page), click flags and dwell times, vectorised over a chunk."""
     n = len(query_ids)
     filler = rng.integers(0, len(cat.title_json), (n, model.filler))
@@ -272,15 +285,21 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
     t0 = START_MS + shard * span_ms
     step_ms = span_ms / max(total, 1)
 
-    opener = gzip.open if cfg.gzip else open
-    with opener(path, "wt", encoding="utf-8", newline="\n", **({"compresslevel": 1} if cfg.gzip else {})) as out:
+    # gzip level 1 (fast) and mtime 0, so that reruns are byte-identical.
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) if cfg.gzip else raw as stream,
+        io.TextIOWrapper(stream, encoding="utf-8", newline="\n") as out,
+    ):
         writer = _ShardWriter(cat, cfg, shard, rng, lambda line: out.write(line + "\n"))
         made = bots = 0
         session = shard << 36
         while made < total:
             n = min(CHUNK, total - made)
             mean_burst = sum(dirt.bot_burst) / 2
-            bursts = rng.integers(dirt.bot_burst[0], dirt.bot_burst[1] + 1, rng.binomial(n, dirt.bot_impressions / mean_burst))
+            bursts = rng.integers(
+                dirt.bot_burst[0], dirt.bot_burst[1] + 1, rng.binomial(n, dirt.bot_impressions / mean_burst)
+            )
             bursts = bursts[np.cumsum(bursts) <= n]  # a chunk too small for a burst has none
             n_bot = int(bursts.sum())
             n_human = n - n_bot
@@ -294,16 +313,26 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
             ts = (t0 + (made + np.arange(n_human)) * step_ms + rng.uniform(0, step_ms, n_human)).astype(np.int64)
             query_ids = np.minimum(np.searchsorted(cdf, rng.random(n_human)), len(cdf) - 1)
             shown, clicked, dwell = _rank_and_click(cat, model, rng, query_ids)
-            writer.write(ts, user_ids, session_ids, query_ids, shown, clicked, dwell,
-                         rng.random(shown.shape) < dirt.dirty_title)
+            writer.write(
+                ts, user_ids, session_ids, query_ids, shown, clicked, dwell, rng.random(shown.shape) < dirt.dirty_title
+            )
             # Bots: bursts of uniform queries ~1.5 s apart by one user id, clicking everything.
             for size in bursts:
                 bot_user = np.full(size, users + rng.integers(0, users))  # ids no human has
                 bot_ts = (ts[0] if n_human else int(t0)) + np.cumsum(rng.uniform(500, 2500, size)).astype(np.int64)
                 bot_queries = rng.integers(0, len(cat.queries), size)
                 shown_b, clicked_b, dwell_b = _rank_and_click(cat, model, rng, bot_queries, click_all=True)
-                writer.write(bot_ts, bot_user, np.full(size, session), bot_queries, shown_b, clicked_b, dwell_b,
-                             np.zeros(shown_b.shape, dtype=bool), [cat.queries[q] for q in bot_queries])
+                writer.write(
+                    bot_ts,
+                    bot_user,
+                    np.full(size, session),
+                    bot_queries,
+                    shown_b,
+                    clicked_b,
+                    dwell_b,
+                    np.zeros(shown_b.shape, dtype=bool),
+                    [cat.queries[q] for q in bot_queries],
+                )
                 session += 1
                 bots += int(size)
             made += n
@@ -328,8 +357,14 @@ def write_test_pairs(test: list[JudgedPair], path: Path) -> None:
     pq.write_table(table, path)
 
 
-def simulate(pairs: list[JudgedPair], out: Path, cfg: SimulationConfig, source: dict[str, Any],
-             progress: Callable[[int], None] | None = None, force: bool = False) -> dict[str, Any]:
+def simulate(
+    pairs: list[JudgedPair],
+    out: Path,
+    cfg: SimulationConfig,
+    source: dict[str, Any],
+    progress: Callable[[int], None] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Write `out/logs/part-*.jsonl[.gz]`, `out/test_pairs.parquet` and the manifest, atomically.
 
     `source` describes the judged set (path, sha256, columns); with the same source and config
@@ -337,8 +372,14 @@ def simulate(pairs: list[JudgedPair], out: Path, cfg: SimulationConfig, source: 
     """
     if cfg.impressions < 1:
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
-    params = {"impressions": cfg.impressions, "seed": cfg.seed, "shards": cfg.shard_count(), "gzip": cfg.gzip,
-              "click_model": asdict(cfg.model), "dirt": asdict(cfg.dirt)}
+    params = {
+        "impressions": cfg.impressions,
+        "seed": cfg.seed,
+        "shards": cfg.shard_count(),
+        "gzip": cfg.gzip,
+        "click_model": asdict(cfg.model),
+        "dirt": asdict(cfg.dirt),
+    }
     key = input_key("simulate", {"judgments": source["sha256"]}, {**params, "spec": source.get("spec")})
     if not force and is_up_to_date(out, key):
         log.info("simulate: %s is up to date, nothing to do", out)
@@ -366,13 +407,21 @@ def simulate(pairs: list[JudgedPair], out: Path, cfg: SimulationConfig, source: 
                 if progress:
                     progress(counts["impressions"])
         write_test_pairs(test, tmp / "test_pairs.parquet")
-        manifest = write_manifest(tmp, {
-            "stage": "simulate",
-            "input_key": key,
-            "format": f"dssm.impressions/{FORMAT_VERSION}",
-            "inputs": {"judgments": source},
-            "params": params,
-            "counts": {**totals, "train_queries": len(cat.queries), "train_titles": len(cat.title_json),
-                       "test_queries": len({norm(p.query) for p in test}), "test_pairs": len(test)},
-        })
+        manifest = write_manifest(
+            tmp,
+            {
+                "stage": "simulate",
+                "input_key": key,
+                "format": f"dssm.impressions/{FORMAT_VERSION}",
+                "inputs": {"judgments": source},
+                "params": params,
+                "counts": {
+                    **totals,
+                    "train_queries": len(cat.queries),
+                    "train_titles": len(cat.title_json),
+                    "test_queries": len({norm(p.query) for p in test}),
+                    "test_pairs": len(test),
+                },
+            },
+        )
     return manifest

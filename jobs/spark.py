@@ -41,12 +41,17 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     # Python UDFs (the raw-log parser) must run in this interpreter, with its packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(resolve_master(master)).appName(app)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    settings = {**DEFAULT_CONF, **(conf or {})}
+    if "DSSM_SPARK_DRIVER_MEMORY" in os.environ:
+        settings["spark.driver.memory"] = os.environ["DSSM_SPARK_DRIVER_MEMORY"]
+    for key, value in settings.items():
         builder = builder.config(key, str(value))
     try:
         spark = builder.getOrCreate()
     except Exception as e:  # py4j/JVM start-up failures arrive as many exception types
-        raise DssmError(f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}") from None
+        raise DssmError(
+            f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}"
+        ) from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -36,7 +36,9 @@ class VocabConfig:
 
 def texts(pairs: DataFrame, titles: DataFrame) -> DataFrame:
     """The normalised texts the vocabularies count over (column `text`)."""
-    return pairs.select(F.col("query").alias("text")).distinct().unionByName(titles.select(F.col("title").alias("text")))
+    return (
+        pairs.select(F.col("query").alias("text")).distinct().unionByName(titles.select(F.col("title").alias("text")))
+    )
 
 
 def word_counts(text: DataFrame) -> DataFrame:
@@ -49,7 +51,9 @@ def trigram_counts(text: DataFrame) -> DataFrame:
     padded = F.concat(F.lit(WORD_BOUNDARY), F.col("word"), F.lit(WORD_BOUNDARY))
     words = text.select(F.explode(F.split("text", " ")).alias("word")).where(F.col("word") != "")
     grams = words.select(
-        F.explode(F.transform(F.sequence(F.lit(1), F.length("word")), lambda i: F.substring(padded, i, 3))).alias("token")
+        F.explode(F.transform(F.sequence(F.lit(1), F.length("word")), lambda i: F.substring(padded, i, 3))).alias(
+            "token"
+        )
     )
     return grams.groupBy("token").count()
 
@@ -58,9 +62,11 @@ def build_vocab(counts: DataFrame, min_count: int, max_size: int) -> DataFrame:
     """(id, token, count) with deterministic ids and <unk> at id 0 holding the left-out mass."""
     if max_size < 2:
         raise ValueError("max_size must leave room for <unk> and one token")
-    ranked = counts.where(F.col("count") >= min_count).select(
-        "token", "count", F.row_number().over(Window.orderBy(F.desc("count"), "token")).alias("id")
-    ).where(F.col("id") < max_size)
+    ranked = (
+        counts.where(F.col("count") >= min_count)
+        .select("token", "count", F.row_number().over(Window.orderBy(F.desc("count"), "token")).alias("id"))
+        .where(F.col("id") < max_size)
+    )
     total = counts.agg(F.coalesce(F.sum("count"), F.lit(0)).alias("n"))
     kept = ranked.agg(F.coalesce(F.sum("count"), F.lit(0)).alias("k"))
     unknown = total.crossJoin(kept).select(
@@ -75,12 +81,16 @@ def _summary(vocab: Path) -> dict[str, Any]:
     table = pq.read_table(vocab)
     counts = table.column("count").to_pylist()
     total = sum(counts)
-    return {"size": table.num_rows, "occurrences": total,
-            "coverage": round(1 - counts[table.column("id").to_pylist().index(0)] / total, 6) if total else 0.0}
+    return {
+        "size": table.num_rows,
+        "occurrences": total,
+        "coverage": round(1 - counts[table.column("id").to_pylist().index(0)] / total, 6) if total else 0.0,
+    }
 
 
-def vocab(spark: SparkSession, clean_dir: Path, out: Path, cfg: VocabConfig = VocabConfig(),
-          force: bool = False) -> dict[str, Any]:
+def vocab(
+    spark: SparkSession, clean_dir: Path, out: Path, cfg: VocabConfig = VocabConfig(), force: bool = False
+) -> dict[str, Any]:
     upstream = require_manifest(clean_dir, "clean")
     key = input_key("vocab", {"clean": upstream["content_sha256"]}, asdict(cfg))
     if not force and is_up_to_date(out, key):
@@ -95,15 +105,28 @@ def vocab(spark: SparkSession, clean_dir: Path, out: Path, cfg: VocabConfig = Vo
         ]:
             table = build_vocab(counts, min_count, max_size).orderBy("id")
             write_parquet(table, tmp / name, VOCAB, partitions=1)
-            summary[name] = {**_summary(tmp / name), "min_count": min_count, "max_size": max_size,
-                             "candidates": counts.count()}
+            summary[name] = {
+                **_summary(tmp / name),
+                "min_count": min_count,
+                "max_size": max_size,
+                "candidates": counts.count(),
+            }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info("vocab: %d trigrams (coverage %.4f), %d words (coverage %.4f)",
-                 summary["trigrams"]["size"], summary["trigrams"]["coverage"],
-                 summary["words"]["size"], summary["words"]["coverage"])
-        return write_manifest(tmp, {
-            "stage": "vocab", "input_key": key,
-            "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
-            "params": asdict(cfg), "counts": summary,
-            "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"},
-        })
+        log.info(
+            "vocab: %d trigrams (coverage %.4f), %d words (coverage %.4f)",
+            summary["trigrams"]["size"],
+            summary["trigrams"]["coverage"],
+            summary["words"]["size"],
+            summary["words"]["coverage"],
+        )
+        return write_manifest(
+            tmp,
+            {
+                "stage": "vocab",
+                "input_key": key,
+                "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
+                "params": asdict(cfg),
+                "counts": summary,
+                "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"},
+            },
+        )

@@ -1,0 +1,116 @@
+import gzip
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from dssm.artifacts import content_sha256, read_manifest
+from dssm.errors import DssmError
+from jobs.clean import clean
+
+
+def test_counts_reconcile_and_every_reject_has_a_reason(pipeline):
+    manifest = read_manifest(pipeline["clean"])
+    c = manifest["counts"]
+    assert c["lines_read"] == c["kept"] + c["rejected"]
+    assert c["rejected"] == sum(c["rejected_by_reason"].values())
+    rejects = pq.read_table(pipeline["clean"] / "rejects").to_pylist()
+    assert len(rejects) == c["rejected"]
+    sim = read_manifest(pipeline["simulate"])["counts"]
+    assert c["lines_read"] == sim["lines"]
+    by_reason = c["rejected_by_reason"]
+    # Every simulated bot line is dropped, and (almost) nothing else is taken for a bot.
+    assert sim["bot_impressions"] * 0.95 <= by_reason["bot_user"] <= sim["bot_impressions"] * 1.05
+    assert by_reason["duplicate_event"] > 0 and by_reason["empty_query"] > 0
+    for row in rejects:
+        assert row["reason"]
+        if row["reason"] in {"invalid_json", "missing_field", "wrong_type"}:
+            assert row["raw"] is not None
+
+
+def test_pairs_are_normalised_and_counted(pipeline):
+    pairs = pq.read_table(pipeline["clean"] / "pairs").to_pylist()
+    assert pairs
+    for p in pairs:
+        assert p["query"] == " ".join(p["query"].lower().split()) != ""
+        assert p["title"] == " ".join(p["title"].lower().split())
+        assert 0 < p["clicks"] <= p["impressions"]
+    titles = {t["title"] for t in pq.read_table(pipeline["clean"] / "titles").to_pylist()}
+    assert {p["title"] for p in pairs} <= titles
+
+
+def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline):
+    before = read_manifest(pipeline["clean"])
+    assert clean(spark, str(pipeline["simulate"]), pipeline["clean"]) == before
+    again = clean(spark, str(pipeline["simulate"]), pipeline["clean"], force=True)
+    assert again["content_sha256"] == before["content_sha256"]
+    assert content_sha256(pipeline["clean"]) == before["content_sha256"]
+
+
+def _write_lines(path, lines):
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "lines,message",
+    [
+        (["garbage", "more garbage {", "[]"], "no usable impression"),
+        ([], "no lines|empty"),
+    ],
+)
+def test_bad_input_fails_cleanly_and_keeps_the_previous_output(spark, tmp_path, pipeline, lines, message):
+    out = tmp_path / "out"
+    clean(spark, str(pipeline["simulate"]), out)
+    before = content_sha256(out)
+    bad = tmp_path / "bad.jsonl.gz"
+    _write_lines(bad, lines) if lines else bad.write_bytes(b"")
+    with pytest.raises(DssmError, match=message):
+        clean(spark, str(bad), out)
+    assert content_sha256(out) == before
+    assert not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_missing_input_is_a_clear_error(spark, tmp_path):
+    with pytest.raises(DssmError, match="not found"):
+        clean(spark, str(tmp_path / "nope"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mostly_malformed_input_is_refused(spark, tmp_path, pipeline):
+    good = gzip.open(next((pipeline["simulate"] / "logs").glob("part-*")), "rt").read().splitlines()[:10]
+    bad = tmp_path / "mixed.jsonl.gz"
+    _write_lines(bad, good + ["{oops"] * 20)
+    with pytest.raises(DssmError, match="malformed"):
+        clean(spark, str(bad), tmp_path / "out")
+
+
+def test_rules_drop_duplicates_bots_and_empty_queries(spark, tmp_path):
+    def imp(i, user, ts, query="drill", clicks=()):
+        return json.dumps(
+            {
+                "v": 1,
+                "impression_id": f"i{i}",
+                "ts": ts,
+                "user_id": user,
+                "query": query,
+                "results": [{"position": 1, "title": "A Drill"}, {"position": 2, "title": "B Saw"}],
+                "clicks": [{"position": p, "dwell_ms": 10} for p in clicks],
+            }
+        )
+
+    lines = [imp(0, "u1", "2026-01-01T00:00:00Z", clicks=[1])]
+    lines.append(lines[0])  # duplicate event
+    lines.append(imp(1, "u2", "2026-01-01T00:10:00Z", query="   "))  # empty query
+    lines += [imp(10 + k, "bot", f"2026-01-01T01:00:{k:02d}Z", clicks=[1, 2]) for k in range(25)]  # burst
+    lines += [imp(100 + k, "u3", f"2026-01-0{1 + k}T02:00:00Z", query="Saw", clicks=[2]) for k in range(3)]
+    src = tmp_path / "log.jsonl.gz"
+    _write_lines(src, lines)
+    m = clean(spark, str(src), tmp_path / "out")
+    assert m["counts"]["rejected_by_reason"] == {"bot_user": 25, "duplicate_event": 1, "empty_query": 1}
+    assert m["counts"]["kept"] == 4
+    pairs = {
+        (p["query"], p["title"]): (p["clicks"], p["impressions"])
+        for p in pq.read_table(tmp_path / "out" / "pairs").to_pylist()
+    }
+    assert pairs == {("drill", "a drill"): (1, 1), ("saw", "b saw"): (3, 3)}

@@ -1,0 +1,61 @@
+"""The `dssm` command as a user runs it: help text, one-line errors, non-zero exits."""
+
+import subprocess
+import sys
+
+import pytest
+
+from dssm.cli import build_parser, main
+
+
+def test_every_subcommand_has_help(capsys):
+    parser = build_parser()
+    for command in ["simulate", "clean", "vocab", "negatives", "run"]:
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([command, "--help"])
+        assert exit_.value.code == 0
+        assert "usage: dssm " + command in capsys.readouterr().out
+
+
+def test_simulate_help_lists_the_judged_set_options(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", "--help"])
+    out = capsys.readouterr().out
+    for option in ["--query-col", "--title-col", "--label-col", "--encoding", "--impressions"]:
+        assert option in out
+
+
+def test_user_errors_are_one_line_with_status_2(spark, tmp_path, capsys):
+    (tmp_path / "j.csv").write_text("a,b\n1,2\n")
+    assert main(["simulate", "--judgments", str(tmp_path / "j.csv"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "missing column(s) search_term, product_title, relevance" in err
+    assert main(["vocab", "--clean", str(tmp_path / "missing"), "--out", str(tmp_path / "v")]) == 2
+    assert "run `dssm clean` first" in capsys.readouterr().err
+
+
+def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
+    bad = tmp_path / "garbage.jsonl"
+    bad.write_text("this is not a log\n" * 5)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dssm.cli",
+            "clean",
+            "--input",
+            str(bad),
+            "--out",
+            str(tmp_path / "o"),
+            "--master",
+            "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dssm clean: error")]
+    assert errors == [errors[0]] and "no usable impression" in errors[0] and "invalid_json 5" in errors[0]
+    assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,48 @@
+import zipfile
+
+import pytest
+
+from dssm.errors import DssmError
+from dssm.judgments import JudgedSetSpec, read_judgments
+
+SPEC = JudgedSetSpec("q", "t", "l", "utf-8")
+
+
+def test_reads_csv_tsv_and_zip_in_file_order(tmp_path):
+    (tmp_path / "a.csv").write_text("q,t,l\nfoo,Foo Bar,3\nfoo,Baz,1\n")
+    (tmp_path / "a.tsv").write_text("q\tt\tl\nfoo\tFoo, Bar\t2.5\n")
+    with zipfile.ZipFile(tmp_path / "a.zip", "w") as z:
+        z.write(tmp_path / "a.csv", "inner.csv")
+    csv_pairs = read_judgments(tmp_path / "a.csv", SPEC)
+    assert [(p.row, p.query, p.title, p.label) for p in csv_pairs] == [
+        (0, "foo", "Foo Bar", 3.0),
+        (1, "foo", "Baz", 1.0),
+    ]
+    assert read_judgments(tmp_path / "a.tsv", SPEC)[0].title == "Foo, Bar"
+    assert read_judgments(tmp_path / "a.zip", SPEC) == csv_pairs
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "not found"),
+        ("", "empty"),
+        ("q,t,l\n", "no rows"),
+        ("query,title,l\nfoo,bar,1\n", "missing column(s) q, t"),
+        ("q,t,l\nfoo,bar,high\n", "is not a number"),
+    ],
+)
+def test_bad_judged_sets_get_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "j.csv"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(DssmError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_judgments(path, SPEC)
+
+
+def test_wrong_encoding_is_named(tmp_path):
+    path = tmp_path / "j.csv"
+    path.write_bytes("q,t,l\nfoo,caf\xe9,1\n".encode("latin-1"))
+    with pytest.raises(DssmError, match="--encoding"):
+        read_judgments(path, SPEC)
+    assert read_judgments(path, JudgedSetSpec("q", "t", "l", "latin-1"))[0].title == "café"

@@ -1,0 +1,61 @@
+from collections import defaultdict
+
+import pyarrow.parquet as pq
+import pytest
+
+from dssm.errors import DssmError
+from jobs.negatives import NegativesConfig, sample_negatives, validation_queries
+
+
+def rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def test_negatives_are_never_clicked_for_the_query_and_are_distinct(pipeline):
+    clicked = defaultdict(set)
+    for p in rows(pipeline["clean"] / "pairs"):
+        clicked[p["query"]].add(p["title"])
+    pool = {t["title"] for t in rows(pipeline["clean"] / "titles")}
+    train, valid = rows(pipeline["negatives"] / "train"), rows(pipeline["negatives"] / "valid")
+    assert len(train) + len(valid) == len(rows(pipeline["clean"] / "pairs"))
+    for r in train + valid:
+        assert len(r["negatives"]) == 4 == len(set(r["negatives"]))
+        assert not set(r["negatives"]) & clicked[r["query"]]
+        assert set(r["negatives"]) <= pool
+        assert r["positive"] in clicked[r["query"]]
+    assert not {r["query"] for r in train} & {r["query"] for r in valid}
+    assert len(list((pipeline["negatives"] / "train").glob("*.parquet"))) == 3
+
+
+def test_independent_of_partitioning(spark, pipeline):
+    cfg = NegativesConfig(n=3, seed=5)
+    pairs = spark.read.parquet(str(pipeline["clean"] / "pairs"))
+    titles = spark.read.parquet(str(pipeline["clean"] / "titles"))
+
+    def collect(p, t):
+        out = validation_queries(sample_negatives(p, t, cfg), cfg)
+        return sorted((r["query"], r["positive"], tuple(r["negatives"]), r["valid"]) for r in out.collect())
+
+    one = collect(pairs.coalesce(1), titles.coalesce(1))
+    many = collect(pairs.repartition(7, "title"), titles.repartition(5))
+    assert one == many
+    other_seed = validation_queries(sample_negatives(pairs, titles, NegativesConfig(n=3, seed=6)), cfg)
+    assert sorted((r["query"], r["positive"], tuple(r["negatives"])) for r in other_seed.collect()) != [
+        o[:3] for o in one
+    ]
+
+
+def test_tiny_pool_needs_more_rounds_but_still_fills(spark):
+    pairs = spark.createDataFrame(
+        [("q", "t0", 1, 1), ("q", "t1", 1, 1)], "query string, title string, clicks long, impressions long"
+    )
+    titles = spark.createDataFrame([(f"t{i}",) for i in range(5)], "title string")
+    out = sample_negatives(pairs, titles, NegativesConfig(n=3)).collect()
+    assert sorted(sorted(r["negatives"]) for r in out) == [["t2", "t3", "t4"]] * 2
+
+
+def test_pool_too_small_is_a_clear_error(spark):
+    pairs = spark.createDataFrame([("q", "t0", 1, 1)], "query string, title string, clicks long, impressions long")
+    titles = spark.createDataFrame([("t0",), ("t1",)], "title string")
+    with pytest.raises(DssmError, match="title pool too small"):
+        sample_negatives(pairs, titles, NegativesConfig(n=4))

@@ -1,0 +1,92 @@
+import gzip
+import tracemalloc
+from collections import Counter
+
+import orjson
+import pyarrow.parquet as pq
+
+from dssm.artifacts import content_sha256
+from dssm.text import is_test_query, norm
+from jobs import catalogue
+from jobs.simulate import SimulationConfig, simulate
+
+SOURCE = {"path": "default", "sha256": "default"}
+
+
+def read_lines(out):
+    lines = []
+    for part in sorted((out / "logs").glob("part-*")):
+        with gzip.open(part, "rt", encoding="utf-8") as handle:
+            lines += handle.read().splitlines()
+    return lines
+
+
+def test_shipped_catalogue_is_the_generators_output(tmp_path):
+    assert catalogue.write(tmp_path / "c.csv").read_bytes() == catalogue.DEFAULT_CATALOGUE.read_bytes()
+
+
+def test_seeded_output_is_byte_identical(default_pairs, tmp_path):
+    cfg = SimulationConfig(impressions=3_000, shards=2, workers=1)
+    simulate(default_pairs, tmp_path / "a", cfg, SOURCE)
+    simulate(default_pairs, tmp_path / "b", cfg, SOURCE)
+    assert content_sha256(tmp_path / "a") == content_sha256(tmp_path / "b")
+    simulate(default_pairs, tmp_path / "c", SimulationConfig(impressions=3_000, shards=2, workers=1, seed=1), SOURCE)
+    assert content_sha256(tmp_path / "a") != content_sha256(tmp_path / "c")
+
+
+def test_no_test_query_leaks_and_test_pairs_are_complete(pipeline, default_pairs):
+    out = pipeline["simulate"]
+    queries = set()
+    for text in read_lines(out):
+        try:
+            queries.add(norm(orjson.loads(text)["query"]))
+        except (orjson.JSONDecodeError, KeyError, AttributeError):
+            continue
+    queries.discard("")
+    assert queries and not any(is_test_query(q) for q in queries)
+    test = pq.read_table(out / "test_pairs.parquet").to_pylist()
+    expected = [p for p in default_pairs if is_test_query(p.query)]
+    assert [(r["row"], r["title"], r["label"]) for r in test] == [(p.row, p.title, p.label) for p in expected]
+
+
+def test_dirt_and_clicks_appear_at_documented_rates(pipeline):
+    lines = read_lines(pipeline["simulate"])
+    records = []
+    for text in lines:
+        try:
+            records.append(orjson.loads(text))
+        except orjson.JSONDecodeError:
+            pass
+    impressions = {r["impression_id"] for r in records if isinstance(r, dict) and "impression_id" in r}
+    duplicates = len(lines) - 20_000
+    assert 0.01 < duplicates / 20_000 < 0.03  # DirtRates.duplicate = 0.02
+    assert len(impressions) > 19_500
+    good = [
+        r
+        for r in records
+        if isinstance(r.get("results"), list)
+        and isinstance(r.get("clicks"), list)
+        and isinstance(r.get("query"), str)
+        and r.get("user_id", "").startswith("u")
+    ]
+    ctr_at = Counter()
+    shown_at = Counter()
+    for r in good:
+        for res in r["results"]:
+            if isinstance(res.get("position"), int):
+                shown_at[res["position"]] += 1
+        for c in r["clicks"]:
+            ctr_at[c["position"]] += 1
+    # Examination decays with rank: position 1 is clicked far more often than position 8.
+    assert ctr_at[1] / shown_at[1] > 2 * ctr_at[8] / shown_at[8]
+    mixed = sum(1 for r in good if r["query"] != r["query"].lower())
+    assert 0.15 < mixed / len(good) < 0.40  # DirtRates.mixed_case = 0.30 (some bots/queries have no letters)
+
+
+def test_simulation_streams_in_bounded_memory(default_pairs, tmp_path):
+    tracemalloc.start()
+    simulate(default_pairs, tmp_path / "s", SimulationConfig(impressions=30_000, workers=1, shards=1), SOURCE)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # 30k lines are ~30 MB of text; the simulator holds one chunk at a time.
+    assert peak < 20 * 2**20
