@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -79,13 +83,14 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
         "user_id",
         "ts_ms",
         (F.col("query") == "").alias("empty"),
-        F.size("clicked").alias("clicks"),
-        F.size("titles").alias("shown"),
+        "clicks",
+        "shown",
     )
     first = Window.partitionBy("impression_id").orderBy("line")
-    ranked = good.select("line", F.row_number().over(first).alias("n"))
+    # Persisted (small columns only): every rule below reads it, the window runs once.
+    ranked = good.withColumn("n", F.row_number().over(first)).persist()
     duplicates = ranked.where("n > 1").select("line", F.lit("duplicate_event").alias("rule"))
-    unique = good.join(F.broadcast(duplicates), "line", "left_anti")
+    unique = ranked.where("n = 1")
     empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
     humans_or_bots = unique.where(~F.col("empty"))
     per_minute = (
@@ -145,20 +150,22 @@ def clean(
 
     with atomic_dir(out) as tmp:
         scratch = tmp / "_parsed"
-        parse(spark.read.text(source)).write.parquet(str(scratch))
+        with timed("parse and validate"):
+            parse(spark.read.text(source)).write.parquet(str(scratch))
         parsed = spark.read.parquet(str(scratch))
         lines_read = parsed.count()
         if lines_read == 0:
             raise DssmError(f"no lines to read in {source}")
 
-        drops = rule_drops(parsed, cfg).persist()
-        drops_n = drops.count()
-        log.info("clean: %d lines dropped by rule", drops_n)
+        with timed("rules (duplicates, empty queries, bots)"):
+            drops = rule_drops(parsed, cfg).persist()
+            drops.count()
         # Not persisted: each action below re-reads only the Parquet columns it needs.
         status = parsed.join(F.broadcast(drops), "line", "left").withColumn(
             "status", F.coalesce("reason", "rule", F.lit("kept"))
         )
-        counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
+        with timed("reconcile counts"):
+            counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
         kept_n = counts.pop("kept", 0)
         malformed = sum(n for r, n in counts.items() if r not in {"duplicate_event", "empty_query", "bot_user"})
         if kept_n == 0:
@@ -170,18 +177,18 @@ def clean(
             )
 
         kept = status.where(F.col("status") == "kept")
-        all_pairs = click_pairs(kept).persist()
-        pairs_total = all_pairs.count()
-        clicked = all_pairs.where(F.col("clicks") > 0)
-        clicked_n = clicked.count()
-        pairs_df, _ = _ordered(clicked, clicked_n, cfg, "query", "title")
-        n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
+        with timed("count clicks per pair"):
+            all_pairs = click_pairs(kept).persist()
+            pairs_total = all_pairs.count()
+        with timed("write pairs and titles"):
+            pairs_df, _ = _ordered(all_pairs.where(F.col("clicks") > 0), pairs_total, cfg, "query", "title")
+            n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
 
-        titles = all_pairs.groupBy("title").agg(
-            F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks")
-        )
-        titles_df, _ = _ordered(titles, pairs_total, cfg, "title")
-        n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
+            titles = all_pairs.groupBy("title").agg(
+                F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks")
+            )
+            titles_df, _ = _ordered(titles, pairs_total, cfg, "title")
+            n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
         rejects = status.where(F.col("status") != "kept").select(
             F.col("source"),
@@ -194,8 +201,9 @@ def clean(
             "user_id",
             "line",
         )
-        rejects_df, _ = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
-        n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
+        with timed("write rejects"):
+            rejects_df, _ = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
+            n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
         drops.unpersist()
         all_pairs.unpersist()
         shutil.rmtree(scratch)
@@ -205,7 +213,7 @@ def clean(
             raise DssmError(
                 f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}"
             )
-        queries = spark.read.parquet(str(tmp / "pairs")).select("query").distinct().count()
+        queries = len(pq.read_table(tmp / "pairs", columns=["query"]).column("query").unique())
         log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
         return write_manifest(
             tmp,
@@ -226,6 +234,13 @@ def clean(
                 "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
             },
         )
+
+
+@contextmanager
+def timed(step: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    log.info("clean: %s took %.1fs", step, time.perf_counter() - started)
 
 
 def _top(counts: dict[str, int]) -> str:
