@@ -59,3 +59,16 @@ def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
     assert errors == [errors[0]] and "no usable impression" in errors[0] and "invalid_json 5" in errors[0]
     assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_run_chains_every_stage_and_a_rerun_skips_them(spark, tmp_path, capsys, caplog):
+    args = ["run", "--workdir", str(tmp_path / "w"), "--impressions", "5_000", "--workers", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for stage in ["simulate", "clean", "vocab", "negatives"]:
+        assert (tmp_path / "w" / stage / "manifest.json").exists()
+        assert str(tmp_path / "w" / stage) in out
+    caplog.clear()
+    assert main(args) == 0
+    skipped = [r.getMessage() for r in caplog.records if "up to date" in r.getMessage()]
+    assert len(skipped) == 4
