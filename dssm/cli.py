@@ -155,7 +155,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"\ndata pipeline finished in {time.time() - started:.0f}s; outputs under {work}/:")
     for stage, seconds in stages.items():
         counts = read_manifest(work / stage)["counts"]
-        sizes = {k: v["size"] if isinstance(v, dict) else v for k, v in counts.items()}
+        sizes = {k: v.get("size") if isinstance(v, dict) else v for k, v in counts.items()}
         shown = ", ".join(f"{k} {v:,}" for k, v in sizes.items() if isinstance(v, int))
         print(f"  {stage:<10} {seconds:6.1f}s  {work / stage}  ({shown})")
 

@@ -1,5 +1,6 @@
 """The `dssm` command as a user runs it: help text, one-line errors, non-zero exits."""
 
+import logging
 import subprocess
 import sys
 
@@ -69,6 +70,7 @@ def test_run_chains_every_stage_and_a_rerun_skips_them(spark, tmp_path, capsys, 
         assert (tmp_path / "w" / stage / "manifest.json").exists()
         assert str(tmp_path / "w" / stage) in out
     caplog.clear()
+    caplog.set_level(logging.INFO)
     assert main(args) == 0
     skipped = [r.getMessage() for r in caplog.records if "up to date" in r.getMessage()]
     assert len(skipped) == 4
