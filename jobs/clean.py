@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date, read_manifest, write_manifest
 from dssm.errors import DssmError
-from jobs.rawlog import PARSED, parse_batches
+from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import write_parquet
 
@@ -132,19 +132,21 @@ def click_pairs(kept: DataFrame) -> DataFrame:
     )
 
 
-def _ordered(df: DataFrame, rows: int, cfg: CleanConfig, *keys: str) -> tuple[DataFrame, int]:
+def _ordered(df: DataFrame, rows: int, cfg: CleanConfig, *keys: str) -> DataFrame:
     """Hash-partitioned and sorted, so a rerun writes the same bytes whatever the input layout."""
     files = max(1, -(-rows // cfg.rows_per_file))
-    return df.repartition(files, *keys).sortWithinPartitions(*keys), files
+    return df.repartition(files, *keys).sortWithinPartitions(*keys)
 
 
 def clean(
     spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(), force: bool = False
 ) -> dict[str, Any]:
     source = resolve_input(input_path)
-    source_hash = content_sha256(Path(source)) if "://" not in source else source
-    key = input_key("clean", {"raw": source_hash}, asdict(cfg))
-    if not force and is_up_to_date(out, key):
+    # A remote input (s3a://, hdfs://) is not hashed here, so it is never taken as unchanged.
+    remote = "://" in source
+    source_hash = None if remote else content_sha256(Path(source))
+    key = input_key("clean", {"raw": source_hash or source}, asdict(cfg))
+    if not force and not remote and is_up_to_date(out, key):
         log.info("clean: %s is up to date with %s, nothing to do", out, source)
         return read_manifest(out)
 
@@ -167,7 +169,7 @@ def clean(
         with timed("reconcile counts"):
             counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
         kept_n = counts.pop("kept", 0)
-        malformed = sum(n for r, n in counts.items() if r not in {"duplicate_event", "empty_query", "bot_user"})
+        malformed = sum(n for reason, n in counts.items() if reason in MALFORMED_REASONS)
         if kept_n == 0:
             raise DssmError(f"no usable impression in {source}: {lines_read} lines read, all rejected ({_top(counts)})")
         if malformed > cfg.max_malformed_rate * lines_read:
@@ -181,13 +183,13 @@ def clean(
             all_pairs = click_pairs(kept).persist()
             pairs_total = all_pairs.count()
         with timed("write pairs and titles"):
-            pairs_df, _ = _ordered(all_pairs.where(F.col("clicks") > 0), pairs_total, cfg, "query", "title")
+            pairs_df = _ordered(all_pairs.where(F.col("clicks") > 0), pairs_total, cfg, "query", "title")
             n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
 
             titles = all_pairs.groupBy("title").agg(
                 F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks")
             )
-            titles_df, _ = _ordered(titles, pairs_total, cfg, "title")
+            titles_df = _ordered(titles, pairs_total, cfg, "title")
             n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
         rejects = status.where(F.col("status") != "kept").select(
@@ -202,7 +204,7 @@ def clean(
             "line",
         )
         with timed("write rejects"):
-            rejects_df, _ = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
+            rejects_df = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
             n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
         drops.unpersist()
         all_pairs.unpersist()

@@ -19,6 +19,7 @@ import io
 import logging
 import multiprocessing
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,6 @@ from jobs.schemas import TEST_PAIRS
 log = logging.getLogger(__name__)
 CHUNK = 8192
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-MINUTE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -393,16 +393,8 @@ def simulate(
         jobs = [(cat, cfg, s, tmp / "logs" / f"part-{s:05d}{suffix}") for s in range(shards)]
         workers = min(shards, cfg.workers or multiprocessing.cpu_count())
         totals = {"impressions": 0, "bot_impressions": 0, "lines": 0}
-        if workers > 1:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                results = pool.imap(_shard_job, jobs)
-                for counts in results:
-                    totals = {k: totals[k] + counts[k] for k in totals}
-                    if progress:
-                        progress(counts["impressions"])
-        else:
-            for job in jobs:
-                counts = _shard_job(job)
+        with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else nullcontext() as pool:
+            for counts in pool.imap(_shard_job, jobs) if pool else map(_shard_job, jobs):
                 totals = {k: totals[k] + counts[k] for k in totals}
                 if progress:
                     progress(counts["impressions"])
