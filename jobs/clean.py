@@ -142,8 +142,8 @@ def clean(
     spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(), force: bool = False
 ) -> dict[str, Any]:
     source = resolve_input(input_path)
-    # A remote input (s3a://, hdfs://) is not hashed here, so it is never taken as unchanged.
-    remote = "://" in source
+    # A remote (s3a://, hdfs://) or glob input is not hashed here, so it is never taken as unchanged.
+    remote = "://" in source or any(ch in source for ch in "*?[")
     source_hash = None if remote else content_sha256(Path(source))
     key = input_key("clean", {"raw": source_hash or source}, asdict(cfg))
     if not force and not remote and is_up_to_date(out, key):
