@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -34,7 +33,7 @@ from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date,
 from dssm.errors import DssmError
 from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
-from jobs.spark import write_parquet
+from jobs.spark import distinct_count, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +214,7 @@ def clean(
             raise DssmError(
                 f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}"
             )
-        queries = len(pq.read_table(tmp / "pairs", columns=["query"]).column("query").unique())
+        queries = distinct_count(tmp / "pairs", "query")
         log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
         return write_manifest(
             tmp,

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, require_manifest, write_manifest
 from dssm.errors import DssmError
 from jobs.schemas import NEGATIVES
-from jobs.spark import write_parquet
+from jobs.spark import distinct_count, write_parquet
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 6
@@ -100,8 +100,8 @@ def negatives(
             part = rows.where(F.col("valid") == (split == "valid"))
             ordered = part.repartition(files, "query").sortWithinPartitions("query", "positive")
             counts[f"{split}_rows"] = write_parquet(ordered, tmp / split, NEGATIVES)
-            counts[f"{split}_queries"] = part.select("query").distinct().count()
-        counts["pool_titles"] = titles.count()
+            counts[f"{split}_queries"] = distinct_count(tmp / split, "query")
+        counts["pool_titles"] = upstream["counts"]["titles"]
         log.info(
             "negatives: %(train_rows)d train rows (%(train_queries)d queries), "
             "%(valid_rows)d valid rows (%(valid_queries)d queries)",

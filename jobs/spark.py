@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from dssm.errors import DssmError
@@ -79,6 +80,9 @@ def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = No
 
 
 def _count_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
     return sum(pq.ParquetFile(p).metadata.num_rows for p in path.glob("*.parquet"))
+
+
+def distinct_count(path: Path, column: str) -> int:
+    """Distinct values of one column of a written dataset, read back with pyarrow (no Spark job)."""
+    return len(pq.read_table(path, columns=[column]).column(column).unique())

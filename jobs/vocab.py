@@ -103,6 +103,7 @@ def vocab(
             ("trigrams", trigram_counts(text), cfg.min_count, cfg.max_size),
             ("words", word_counts(text), cfg.word_min_count, cfg.word_max_size),
         ]:
+            counts = counts.persist()  # read three times by build_vocab and once for the candidates
             table = build_vocab(counts, min_count, max_size).orderBy("id")
             write_parquet(table, tmp / name, VOCAB, partitions=1)
             summary[name] = {
@@ -111,6 +112,7 @@ def vocab(
                 "max_size": max_size,
                 "candidates": counts.count(),
             }
+            counts.unpersist()
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info(
             "vocab: %d trigrams (coverage %.4f), %d words (coverage %.4f)",
