@@ -168,6 +168,7 @@ def clean(
         with timed("reconcile counts"):
             counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
         kept_n = counts.pop("kept", 0)
+        rejected = sum(counts.values())
         malformed = sum(n for reason, n in counts.items() if reason in MALFORMED_REASONS)
         if kept_n == 0:
             raise DssmError(f"no usable impression in {source}: {lines_read} lines read, all rejected ({_top(counts)})")
@@ -203,13 +204,12 @@ def clean(
             "line",
         )
         with timed("write rejects"):
-            rejects_df = _ordered(rejects, sum(counts.values()), cfg, "source", "line")
+            rejects_df = _ordered(rejects, rejected, cfg, "source", "line")
             n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
         drops.unpersist()
         all_pairs.unpersist()
         shutil.rmtree(scratch)
 
-        rejected = sum(counts.values())
         if lines_read != kept_n + rejected or n_rejects != rejected:
             raise DssmError(
                 f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}"
