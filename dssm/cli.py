@@ -160,11 +160,33 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"  {stage:<10} {seconds:6.1f}s  {work / stage}  ({shown})")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from modeling.train import config_from_args, launch, train
+
+    if args.nproc < 1:
+        raise DssmError("--nproc must be at least 1")
+    if args.nproc > 1:
+        from modeling.data import plan, train_files
+
+        cfg = config_from_args(args)  # a bad config or data layout fails here, before N processes start
+        plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, args.nproc)
+        if launch(args) != 0:
+            raise DssmError(f"training failed in one of the {args.nproc} processes (their messages are above)")
+        return
+    s = train(config_from_args(args), resume=args.resume)
+    val = "n/a" if s["valid_loss"] is None else f"{s['valid_loss']:.4f}"
+    rate = "" if s["examples_per_s"] is None else f", {s['examples_per_s']:,.0f} examples/s"
+    print(
+        f"trained {s['steps']:,} steps{rate}; validation loss {val}; checkpoint {s['checkpoint']}; "
+        f"MLflow run {s['mlflow_run_id']}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dssm",
         description="Learn search embeddings from click logs: simulate logs, clean them, build vocabularies, "
-        "sample negatives.",
+        "sample negatives and train models.",
     )
     parser.add_argument("--version", action="version", version=f"dssm {dssm.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -255,6 +277,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=int, default=d.shards, help="train files (default: %(default)s)")
     _add_spark_options(p)
     p.set_defaults(func=cmd_negatives)
+
+    from modeling.train import add_arguments as add_train_arguments
+
+    p = sub.add_parser(
+        "train",
+        help="train a two-tower model on `dssm negatives` output (torch, DDP via torchrun)",
+        description="Train the LSTM-RNN (or rnn, bilstm, dssm, clsm, lstm_avg, gran) on clicked pairs and "
+        "their negatives with the paper's loss and optimiser. One config per run: defaults < --config YAML "
+        "< KEY=VALUE overrides; the resolved config is saved with each checkpoint. See docs/training.md.",
+    )
+    add_train_arguments(p)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
         "run",

@@ -54,3 +54,70 @@ def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
     vocab(spark, work / "clean", work / "vocab")
     negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=3))
     return {stage: work / stage for stage in ("simulate", "clean", "vocab", "negatives")}
+
+
+def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n: int = 4, seed: int = 0) -> Path:
+    """A small, fixed `dssm vocab` + `dssm negatives` output (no Spark): queries are a product word
+    and an attribute, the clicked title shares the product word, negatives are other products."""
+    import random
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dssm.artifacts import write_manifest
+    from dssm.text import word_trigrams
+    from jobs.schemas import NEGATIVES, VOCAB
+
+    rng = random.Random(seed)
+    products = ["drill", "hammer", "paint", "ladder", "faucet", "shovel", "mower", "lamp", "rug", "sink"]
+    attributes = ["cordless", "steel", "white", "outdoor", "led", "small", "heavy", "brass"]
+    fillers = ["pro", "kit", "with", "set", "2 pack", "24 in.", "for home"]
+
+    def title(product: str) -> str:
+        return " ".join([rng.choice(attributes), product, *rng.sample(fillers, rng.randint(0, 3))])
+
+    def rows(count: int) -> list[dict]:
+        out = []
+        for _ in range(count):
+            product = rng.choice(products)
+            others = [p for p in products if p != product]
+            out.append(
+                {
+                    "query": f"{rng.choice(attributes)} {product}",
+                    "positive": title(product),
+                    "negatives": [title(rng.choice(others)) for _ in range(n)],
+                    "clicks": 1,
+                    "impressions": 1,
+                }
+            )
+        return out
+
+    clean_sha = "0" * 64  # stands for the `dssm clean` output both were built from
+    neg_dir, vocab_dir = root / "negatives", root / "vocab"
+    counts: Counter = Counter()
+    for split, files in (("train", shards), ("valid", 1)):
+        (neg_dir / split).mkdir(parents=True)
+        for i in range(files):
+            part = rows(rows_per_shard)
+            for r in part:
+                for text in (r["query"], r["positive"], *r["negatives"]):
+                    counts.update(t for w in text.split() for t in word_trigrams(w))
+            pq.write_table(pa.Table.from_pylist(part, NEGATIVES), neg_dir / split / f"part-{i:05d}.parquet")
+    inputs = {"clean": {"path": "tiny", "sha256": clean_sha}}
+    write_manifest(neg_dir, {"stage": "negatives", "inputs": inputs, "params": {"n": n, "shards": shards}})
+    tokens = sorted(counts, key=lambda t: (-counts[t], t))[:-5]  # leave a few out: they map to <unk>
+    (vocab_dir / "trigrams").mkdir(parents=True)
+    table = {
+        "id": list(range(len(tokens) + 1)),
+        "token": ["<unk>", *tokens],
+        "count": [0, *(counts[t] for t in tokens)],
+    }
+    pq.write_table(pa.Table.from_pydict(table, VOCAB), vocab_dir / "trigrams" / "part-00000.parquet")
+    write_manifest(vocab_dir, {"stage": "vocab", "inputs": inputs, "params": {}})
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    return write_tiny_dataset(tmp_path_factory.mktemp("tiny"))

@@ -1,0 +1,192 @@
+"""One config object per training run: nested dataclasses, a YAML file, `key=value` overrides.
+
+`dssm train --config run.yaml model.encoder=rnn optim.lr=0.05` resolves defaults < YAML < overrides,
+and the resolved config is saved with every checkpoint and logged to MLflow as parameters.
+Defaults follow Palangi et al. 2016 where the paper is specific; every departure is an option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dssm.errors import DssmError
+
+
+@dataclass
+class ModelConfig:
+    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | gran
+    ncell: int = 96  # hidden size of the recurrent encoders (the paper: 96)
+    # The paper's LSTM-RNN experiments use neither a forget gate nor peepholes (section IV).
+    forget_gate: bool = False
+    peepholes: bool = False
+    # dssm: bag-of-trigrams MLP (Huang et al. 2013: 300-300-128); clsm: conv + max-pool + semantic layer.
+    hidden: list[int] = field(default_factory=lambda: [300, 300])
+    out_dim: int = 128
+    window: int = 3  # clsm word window (1, 3 or 5)
+    shared_towers: bool = False  # the paper trains separate query and document towers (Λ_Q, Λ_D)
+    max_words: int = 40  # longer texts are truncated (truncated BPTT length T of Algorithm 1)
+    impl: str = "auto"  # recurrent loop: auto | loop | script | native (nn.LSTM/nn.RNN where the variant allows)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "nesterov"  # nesterov (Algorithm 1) | adam
+    lr: float = 0.1  # fixed step size ε (tuned on the validation split; see docs/training.md)
+    momentum: float = 0.995  # μ between the first and the last `momentum_edge` of updates
+    momentum_edge_value: float = 0.9  # μ in the first and last 2% of updates (the paper's schedule)
+    momentum_edge: float = 0.02
+    clip_norm: float = 100.0  # th_G: gradients re-normalised to this global L2 norm when larger
+    weight_decay: float = 0.0
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
+    in_batch_negatives: bool = False  # also score every other clicked title of the local batch
+
+
+@dataclass
+class DataConfig:
+    negatives: str = ""  # a `dssm negatives` output (train/, valid/)
+    vocab: str = ""  # a `dssm vocab` output (trigrams/)
+    batch_size: int = 256  # global examples per step, split evenly over ranks and shards
+    shuffle_buffer: int = 4096  # rows per shard held for shuffling
+    word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
+    scramble: float = 0.0  # Wieting & Gimpel: shuffle a text's word order with this probability
+    max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
+
+
+@dataclass
+class TrainConfig:
+    out: str = ""  # run directory: checkpoints and the resolved config
+    epochs: int = 5
+    max_steps: int = 0  # stop after this many updates (0: run all epochs)
+    seed: int = 1
+    log_every: int = 20
+    eval_every: int = 200  # validation loss every K steps and at the end
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2  # step-* checkpoints kept besides last.pt
+    threads: int = 0  # torch threads per rank (0: CPUs / ranks)
+    device: str = "auto"  # auto | cpu | cuda
+    mlflow_uri: str = ""  # default: sqlite under the run directory's parent (the work dir)
+    experiment: str = "dssm-train"
+    run_name: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys, as MLflow parameters."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}{k}.", v)
+            else:
+                out[prefix[:-1]] = value
+
+        walk("", self.to_dict())
+        return out
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in {"1", "true", "yes", "on"}:
+                return True
+            if str(value).lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(value)
+        if hint is int:
+            return int(str(value).replace("_", ""))
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+        if origin is list:
+            (item,) = typing.get_args(hint)
+            items = value if isinstance(value, list) else [v for v in str(value).strip("[]").split(",") if v.strip()]
+            return [_convert(v, item, key) for v in items]
+    except (TypeError, ValueError) as e:
+        raise DssmError(f"config {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from e
+    raise DssmError(f"config {key}: unsupported type {hint}")
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in fields(obj)}
+    for key, value in values.items():
+        if key not in names:
+            raise DssmError(f"config: unknown key {prefix}{key!s} (known: {', '.join(sorted(names))})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
+            _apply(current, value, f"{prefix}{key}.")
+        else:
+            setattr(obj, key, _convert(value, hints[key], prefix + key))
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["optim.lr=0.1", "epochs=3"]` -> nested dict."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise DssmError(f"override {pair!r}: expected key=value, e.g. optim.lr=0.05")
+        key, value = pair.split("=", 1)
+        node = nested
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+    """Defaults, then `base` (e.g. a checkpoint's config), then the YAML file, then overrides."""
+    cfg = TrainConfig()
+    if base:
+        _apply(cfg, base)
+    if path is not None:
+        if not Path(path).exists():
+            raise DssmError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise DssmError(f"config file {path}: expected a mapping at the top level")
+        _apply(cfg, loaded)
+    _apply(cfg, parse_overrides(overrides or []))
+    validate(cfg)
+    return cfg
+
+
+ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "gran")
+
+
+def validate(cfg: TrainConfig) -> None:
+    m, o = cfg.model, cfg.optim
+    if m.encoder not in ENCODERS:
+        raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
+    if m.impl not in {"auto", "loop", "script", "native"}:
+        raise DssmError(f"model.impl {m.impl!r}: choose auto, loop, script or native")
+    if m.window not in {1, 3, 5}:
+        raise DssmError("model.window must be 1, 3 or 5")
+    if o.name not in {"nesterov", "adam"}:
+        raise DssmError(f"optim.name {o.name!r}: choose nesterov or adam")
+    if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
+        raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
+    if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:
+        raise DssmError("data.word_dropout must be in [0, 1) and data.scramble in [0, 1]")

@@ -1,0 +1,125 @@
+"""Training batches streamed from the Parquet shards of `dssm negatives`.
+
+Every step takes the same number of rows (`per_shard = batch_size / shards`) from every train
+shard; rank r of W owns shards r, r+W, ... So the global batch of a step is the same set of rows
+whatever the number of ranks, and 1 process and N processes train the same model (tested). No rank
+reads another rank's shards. Rows are shuffled within blocks of `shuffle_buffer` rows by a
+generator seeded with (seed, epoch, shard), so an epoch's order is reproducible and a resumed run
+skips exactly the rows it had already used. An epoch lasts as many steps as the smallest shard
+allows; the rows left over in larger shards (a few percent with hash-partitioned shards) are
+different ones each epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from dssm.errors import DssmError
+from modeling.config import DataConfig
+from modeling.hashing import TextBatch, Tokenizer
+
+COLUMNS = ["query", "positive", "negatives"]
+
+
+def train_files(negatives: Path) -> list[Path]:
+    files = sorted((Path(negatives) / "train").glob("*.parquet"))
+    if not files:
+        raise DssmError(f"{negatives}/train: no Parquet shards; run `dssm negatives` first")
+    return files
+
+
+def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
+    """(rows per shard per step, steps per epoch), or a clear error when the shards don't fit."""
+    if len(files) % world:
+        raise DssmError(
+            f"{len(files)} train shards cannot be split evenly over {world} processes; "
+            f"rerun `dssm negatives --shards` with a multiple of {world}"
+        )
+    if batch_size % len(files):
+        raise DssmError(f"data.batch_size={batch_size} must be a multiple of the {len(files)} train shards")
+    per_shard = batch_size // len(files)
+    rows = {f: pq.ParquetFile(f).metadata.num_rows for f in files}
+    empty = [str(f) for f, n in rows.items() if n < per_shard]
+    if empty:
+        raise DssmError(
+            f"train shard(s) with fewer than {per_shard} rows (one step's share): {', '.join(empty)}; "
+            "use a smaller data.batch_size or fewer `dssm negatives --shards`"
+        )
+    return per_shard, min(rows.values()) // per_shard
+
+
+def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple[str, str, list[str]]]:
+    for record_batch in pq.ParquetFile(path).iter_batches(batch_size=block, columns=COLUMNS):
+        cols = [record_batch.column(c).to_pylist() for c in COLUMNS]
+        for i in rng.permutation(record_batch.num_rows):
+            yield cols[0][i], cols[1][i], cols[2][i]
+
+
+def shard_chunks(
+    path: Path, per_shard: int, steps: int, block: int, seed: int, epoch: int, index: int
+) -> Iterator[list]:
+    """`steps` shuffled chunks of `per_shard` rows of one shard, the same for the same (seed, epoch)."""
+    rows = _shard_rows(path, block, np.random.default_rng([seed, epoch, index]))
+    for _ in range(steps):
+        yield [next(rows) for _ in range(per_shard)]
+
+
+class ClickBatches:
+    """This rank's local batches: (queries, docs) TextBatches, docs as [clicked, negatives...] per row."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        rank: int,
+        world: int,
+        cfg: DataConfig,
+        tokenizer: Tokenizer,
+        n_negatives: int,
+        seed: int,
+    ):
+        self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
+        self.files = list(enumerate(files))[rank::world]
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.n = n_negatives
+        self.seed = seed
+        self.rank = rank
+
+    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[tuple[TextBatch, TextBatch]]:
+        """The epoch's batches after the first `skip` (which are read but not tokenised)."""
+        streams = [
+            shard_chunks(f, self.per_shard, self.steps_per_epoch, self.cfg.shuffle_buffer, self.seed, epoch, i)
+            for i, f in self.files
+        ]
+        for step, chunks in enumerate(zip(*streams, strict=True)):
+            if step < skip:
+                continue
+            rows = [row for chunk in chunks for row in chunk]
+            rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
+            yield self.encode(rows, rng)
+
+    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch]:
+        docs = []
+        for _, positive, negatives in rows:
+            if len(negatives) != self.n:
+                raise DssmError(f"a row has {len(negatives)} negatives, the manifest says {self.n}")
+            docs.append(positive)
+            docs.extend(negatives)
+        kw = {"rng": rng, "word_dropout": self.cfg.word_dropout, "scramble": self.cfg.scramble}
+        return self.tokenizer.batch([r[0] for r in rows], **kw), self.tokenizer.batch(docs, **kw)
+
+
+def validation_rows(negatives: Path, limit: int) -> list:
+    """The first `limit` rows of valid/ (fixed, so validation losses are comparable across steps)."""
+    rows: list = []
+    for f in sorted((Path(negatives) / "valid").glob("*.parquet")):
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=4096, columns=COLUMNS):
+            cols = [batch.column(c).to_pylist() for c in COLUMNS]
+            rows.extend(zip(*cols, strict=True))
+            if len(rows) >= limit:
+                return rows[:limit]
+    return rows

@@ -1,0 +1,315 @@
+"""Text encoders: a `TextBatch` in, one vector per text out (`forward(batch, internals=False)`).
+
+- `lstm`: Palangi et al. 2016, eq. (2); the embedding is y(T) at each text's last real word.
+- `rnn`: eq. (1), tanh.  `bilstm`: a forward and a backward LSTM-RNN, final states concatenated.
+- `dssm`: bag of all the text's trigrams through a tanh MLP (Huang et al. 2013).
+- `clsm`: convolution over a window of words' trigram bags, max-pooling over positions, a tanh
+  semantic layer (Shen et al. 2014).
+- `lstm_avg`: the mean of the LSTM outputs over the words; `gran`: Wieting & Gimpel 2017, eq. (1):
+  mean over t of x_t ⊙ σ(W_x x_t + W_h h_t + b), with h_t the LSTM output and x_t a word vector.
+
+Every input projection is an `nn.EmbeddingBag(mode="sum")` over trigram ids: `W·l(t)` for all
+gates at once. Recurrent encoders can also return their per-step internals (gates, cells,
+outputs), each (texts, words, ncell) in word order, for the analysis stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from modeling.config import ModelConfig
+from modeling.hashing import TextBatch
+from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
+
+
+def _scatter(flat: Tensor, pos: Tensor, cells: int) -> Tensor:
+    # One out-of-place scatter: pad_sequence's per-text slice copies cost a full gradient copy each.
+    return flat.new_zeros(cells, flat.shape[1]).index_copy(0, pos.to(flat.device), flat)
+
+
+def hashed_words(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
+    """(word occurrences, dim): W·l(t) for every word of every text, each distinct word hashed once."""
+    return bag(batch.ids, batch.offsets).index_select(0, batch.words)
+
+
+def word_vectors(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
+    """(texts, max words, dim): each word's summed trigram embeddings, zeros after the text ends."""
+    flat = hashed_words(bag, batch)
+    lengths = batch.lengths.cpu()
+    n, t = len(lengths), int(lengths.max())
+    text = torch.repeat_interleave(torch.arange(n), lengths)
+    within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
+    return _scatter(flat, text * t + within, n * t).view(n, t, -1)
+
+
+@dataclass
+class Packed:
+    """Word vectors in packed layout (PackedSequence order): step 0 of every text, then step 1 of
+    every text still going, ...; texts sorted by length, longest first, so at step t the running
+    texts are the first `sizes[t]`. A packed layout has no padding to compute on or leak."""
+
+    x: Tensor  # (words, dim)
+    sizes: list[int]  # texts still running at each step
+    rank: Tensor  # (texts,) each text's position in the sorted order
+    row_text: Tensor  # (words,) the sorted text each packed row belongs to
+
+    def steps(self, x: Tensor | None = None) -> list[Tensor]:
+        return list(torch.split(self.x if x is None else x, self.sizes))
+
+    def sum_per_text(self, rows: Tensor) -> Tensor:
+        """Per-text sums of packed rows, in sorted order."""
+        return rows.new_zeros(len(self.rank), rows.shape[1]).index_add(0, self.row_text, rows)
+
+
+def pack_words(flat: Tensor, lengths: Tensor, reverse: bool = False) -> Packed:
+    """Packed layout of per-word vectors `flat` (words in text order; reversed within each text if
+    `reverse`, for the backward direction)."""
+    lengths = lengths.cpu()
+    n = len(lengths)
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(n)
+    sizes = batch_sizes_of(lengths[order])
+    step_start = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+    text = torch.repeat_interleave(torch.arange(n), lengths)
+    within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
+    if reverse:
+        within = lengths[text] - 1 - within
+    position = step_start[within] + rank[text]
+    source = torch.empty_like(position)
+    source[position] = torch.arange(len(position))
+    row_text = torch.empty_like(position)
+    row_text[position] = rank[text]
+    device = flat.device
+    return Packed(flat.index_select(0, source.to(device)), sizes, rank.to(device), row_text.to(device))
+
+
+def text_sums(rows: Tensor, lengths: Tensor) -> Tensor:
+    """Per-text sums of per-word rows (words in text order)."""
+    text = torch.repeat_interleave(torch.arange(len(lengths), device=rows.device), lengths, output_size=rows.shape[0])
+    return rows.new_zeros(len(lengths), rows.shape[1]).index_add(0, text, rows)
+
+
+def reverse_within(x: Tensor, lengths: Tensor) -> Tensor:
+    """(N, T, D) with each text's first `length` positions reversed, padding left in place."""
+    t = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+    index = torch.where(t < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - t, t)
+    return x.gather(1, index.unsqueeze(2).expand_as(x))
+
+
+class Recurrent(nn.Module):
+    """One direction of an LSTM-RNN or RNN over word-hashed inputs (shared by lstm/rnn/bilstm/
+    lstm_avg/gran). `run` returns sorted-order outputs so callers pool them as they need."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, cell: str, extra: int = 0):
+        super().__init__()
+        self.cell = cell
+        self.hidden = cfg.ncell
+        self.forget_gate = cfg.forget_gate and cell == "lstm"
+        self.peepholes = cfg.peepholes and cell == "lstm"
+        gates = 1 if cell == "rnn" else (4 if self.forget_gate else 3)
+        self.gates = gates
+        self.extra = extra  # extra input columns (GRAN's word vector x_t) computed by the same bag
+        self.bag = nn.EmbeddingBag(vocab_size, gates * cfg.ncell + extra, mode="sum")
+        self.bias = nn.Parameter(torch.zeros(gates * cfg.ncell))
+        self.w_rec = nn.Parameter(torch.empty(gates * cfg.ncell, cfg.ncell))
+        self.peep = nn.Parameter(torch.zeros(3, cfg.ncell)) if self.peepholes else None
+        self.impl = self._choose_impl(cfg.impl)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.hidden)
+        nn.init.uniform_(self.bag.weight, -bound, bound)
+        nn.init.uniform_(self.w_rec, -bound, bound)
+        nn.init.zeros_(self.bias)
+        if self.forget_gate:  # a common choice: start by remembering (gates are [i, f, o, g])
+            nn.init.ones_(self.bias[self.hidden : 2 * self.hidden])
+
+    def _choose_impl(self, impl: str) -> str:
+        native_ok = self.cell == "rnn" or (self.forget_gate and not self.peepholes)
+        if impl == "native" and not native_ok:
+            raise ValueError("model.impl=native needs a tanh RNN or an LSTM with forget gate and no peepholes")
+        if impl == "auto":
+            return "loop"  # fastest on CPU in benchmarks/train_bench.py (BENCHMARKS.md)
+        return impl
+
+    def run(self, batch: TextBatch, reverse: bool = False, record: bool = False):
+        """(outputs per step, internals per step, packed inputs): steps in the packed, sorted order."""
+        packed = pack_words(hashed_words(self.bag, batch), batch.lengths, reverse)
+        gate_x = (packed.x[:, : self.gates * self.hidden] if self.extra else packed.x) + self.bias
+        internals: list[list[Tensor]] = []
+        if self.impl == "native" and not record:
+            outputs = self._native(gate_x, packed)
+        elif self.cell == "rnn":
+            outputs = (scripted("rnn") if self.impl == "script" else rnn_loop)(packed.steps(gate_x), self.w_rec)
+        else:
+            loop = scripted("lstm") if self.impl == "script" else lstm_loop
+            outputs, internals = loop(packed.steps(gate_x), self.w_rec, self.peep, self.forget_gate, record)
+        return outputs, internals, packed
+
+    def _native(self, gate_x: Tensor, packed: Packed) -> list[Tensor]:
+        """nn.LSTM / nn.RNN kernels on the same parameters: identity input weights, our recurrent ones."""
+        h = self.hidden
+        eye = torch.eye(self.gates * h, device=gate_x.device, dtype=gate_x.dtype)
+        sizes = torch.tensor(packed.sizes)
+        zeros = gate_x.new_zeros(1, packed.sizes[0], h)
+        if self.cell == "rnn":
+            out, _ = torch._VF.rnn_tanh(gate_x, sizes, zeros, [eye, self.w_rec], False, 1, 0.0, self.training, False)
+        else:  # our gate order [i, f, o, g] -> torch's [i, f, g, o]
+            perm = torch.cat([torch.arange(2 * h), torch.arange(3 * h, 4 * h), torch.arange(2 * h, 3 * h)])
+            perm = perm.to(gate_x.device)
+            out, _, _ = torch._VF.lstm(
+                gate_x.index_select(1, perm),
+                sizes,
+                (zeros, zeros),
+                [eye, self.w_rec.index_select(0, perm)],
+                False,
+                1,
+                0.0,
+                self.training,
+                False,
+            )
+        return packed.steps(out)
+
+
+def _unsort(sorted_rows: Tensor, rank: Tensor) -> Tensor:
+    """Rows back in the texts' original order (index_select: its backward is a cheap index_add)."""
+    return sorted_rows.index_select(0, rank)
+
+
+def _internals(
+    names: list[str], steps: list[list[Tensor]], outputs: list[Tensor], rank: Tensor, batch: TextBatch, reverse: bool
+) -> dict[str, Tensor]:
+    """Per-step internals as (N, T, H) in the texts' original order and word order."""
+    n = len(batch)
+    found = {name: series for name, series in zip(names, steps, strict=False) if series}
+    found["y"] = outputs
+    result = {}
+    for name, series in found.items():
+        x = _unsort(padded(series, n).transpose(0, 1), rank)
+        result[name] = reverse_within(x, batch.lengths) if reverse else x
+    return result
+
+
+class LSTMEncoder(nn.Module):
+    """lstm (y at the last word), bilstm (forward and backward final states), lstm_avg (mean of y)."""
+
+    def __init__(
+        self, vocab_size: int, cfg: ModelConfig, cell: str = "lstm", pooling: str = "last", bidirectional: bool = False
+    ):
+        super().__init__()
+        self.pooling = pooling
+        self.forward_rnn = Recurrent(vocab_size, cfg, cell)
+        self.backward_rnn = Recurrent(vocab_size, cfg, cell) if bidirectional else None
+        self.dim = cfg.ncell * (2 if bidirectional else 1)
+
+    def _direction(self, rnn: Recurrent, batch: TextBatch, reverse: bool, internals: bool):
+        outputs, steps, packed = rnn.run(batch, reverse=reverse, record=internals)
+        if self.pooling == "last":
+            vec = _unsort(last_states(outputs, packed.sizes), packed.rank)
+        else:
+            total = packed.sum_per_text(torch.cat(outputs))
+            vec = _unsort(total, packed.rank) / batch.lengths.unsqueeze(1).to(total.dtype)
+        found = _internals(["i", "f", "c", "o"], steps, outputs, packed.rank, batch, reverse) if internals else {}
+        return vec, found
+
+    def forward(self, batch: TextBatch, internals: bool = False):
+        vec, found = self._direction(self.forward_rnn, batch, False, internals)
+        if self.backward_rnn is not None:
+            back, back_found = self._direction(self.backward_rnn, batch, True, internals)
+            vec = torch.cat([vec, back], 1)
+            found.update({f"bw_{k}": v for k, v in back_found.items()})
+        return (vec, found) if internals else vec
+
+
+class GRANEncoder(nn.Module):
+    """Wieting & Gimpel 2017, eq. (1): g = mean_t x_t ⊙ σ(W_x x_t + W_h h_t + b)."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.rnn = Recurrent(vocab_size, cfg, "lstm", extra=cfg.ncell)
+        self.w_x = nn.Linear(cfg.ncell, cfg.ncell)
+        self.w_h = nn.Linear(cfg.ncell, cfg.ncell, bias=False)
+        self.dim = cfg.ncell
+
+    def forward(self, batch: TextBatch, internals: bool = False):
+        outputs, steps, packed = self.rnn.run(batch, record=internals)
+        h = torch.cat(outputs)  # packed, aligned with packed.x
+        words = packed.x[:, -self.dim :]  # x_t
+        gate = torch.sigmoid(self.w_x(words) + self.w_h(h))
+        vec = _unsort(packed.sum_per_text(words * gate), packed.rank) / batch.lengths.unsqueeze(1).to(h.dtype)
+        if not internals:
+            return vec
+        found = _internals(["i", "f", "c", "o"], steps, outputs, packed.rank, batch, False)
+        found["gran_gate"] = _internals(["gate"], [packed.steps(gate)], [], packed.rank, batch, False)["gate"]
+        return vec, found
+
+
+class DSSMEncoder(nn.Module):
+    """Huang et al. 2013: the text's summed trigram vector through tanh layers (default 300-300-128)."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        sizes = [*cfg.hidden, cfg.out_dim]
+        self.bag = nn.EmbeddingBag(vocab_size, sizes[0], mode="sum")
+        self.bias = nn.Parameter(torch.zeros(sizes[0]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False))
+        self.dim = sizes[-1]
+        nn.init.uniform_(self.bag.weight, -1 / math.sqrt(sizes[0]), 1 / math.sqrt(sizes[0]))
+
+    def forward(self, batch: TextBatch, internals: bool = False):
+        h = torch.tanh(text_sums(hashed_words(self.bag, batch), batch.lengths) + self.bias)
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return (h, {}) if internals else h
+
+
+class CLSMEncoder(nn.Module):
+    """Shen et al. 2014: conv over `window` words' trigram bags, max over positions, tanh semantic layer."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.window = cfg.window
+        self.channels = cfg.hidden[0]
+        # One bag computes, per word, its contribution at every window offset: W_c split by offset.
+        self.bag = nn.EmbeddingBag(vocab_size, cfg.window * self.channels, mode="sum")
+        self.bias = nn.Parameter(torch.zeros(self.channels))
+        self.semantic = nn.Linear(self.channels, cfg.out_dim)
+        self.dim = cfg.out_dim
+        bound = 1 / math.sqrt(self.channels)
+        nn.init.uniform_(self.bag.weight, -bound, bound)
+
+    def forward(self, batch: TextBatch, internals: bool = False):
+        x = word_vectors(self.bag, batch)  # (N, T, window*K)
+        n, t, _ = x.shape
+        half = self.window // 2
+        x = nn.functional.pad(x.view(n, t, self.window, self.channels), (0, 0, 0, 0, half, half))
+        conv = sum(x[:, k : k + t, k] for k in range(self.window)) + self.bias  # (N, T, K)
+        conv = torch.tanh(conv)
+        mask = torch.arange(t, device=x.device).unsqueeze(0) < batch.lengths.unsqueeze(1)
+        pooled = conv.masked_fill(~mask.unsqueeze(2), float("-inf")).max(1).values
+        out = torch.tanh(self.semantic(pooled))
+        return (out, {"conv": conv}) if internals else out
+
+
+def build_encoder(vocab_size: int, cfg: ModelConfig) -> nn.Module:
+    kind = cfg.encoder
+    if kind == "lstm":
+        return LSTMEncoder(vocab_size, cfg)
+    if kind == "rnn":
+        return LSTMEncoder(vocab_size, cfg, cell="rnn")
+    if kind == "bilstm":
+        return LSTMEncoder(vocab_size, cfg, bidirectional=True)
+    if kind == "lstm_avg":
+        return LSTMEncoder(vocab_size, cfg, pooling="mean")
+    if kind == "gran":
+        return GRANEncoder(vocab_size, cfg)
+    if kind == "dssm":
+        return DSSMEncoder(vocab_size, cfg)
+    if kind == "clsm":
+        return CLSMEncoder(vocab_size, cfg)
+    raise ValueError(f"unknown encoder {kind!r}")

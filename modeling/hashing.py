@@ -1,0 +1,131 @@
+"""Word hashing (Huang et al. 2013; Palangi et al. 2016, section III): each word becomes the bag of
+its letter trigrams, as ids of the `dssm vocab` trigram vocabulary (unknown trigrams: id 0).
+
+A batch of texts travels as a `TextBatch`: the flat trigram ids of every word, the offset of each
+word's bag (what `nn.EmbeddingBag` takes) and the number of words of each text. The model sums a
+word's trigram embeddings (`W·l(t)`), so no dense 30k-wide hashed vector ever exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from dssm.artifacts import require_manifest
+from dssm.errors import DssmError
+from dssm.text import word_trigrams
+
+UNKNOWN_ID = 0
+
+
+@dataclass
+class TextBatch:
+    """`n` texts over the batch's distinct words: `ids[offsets[u]:offsets[u+1]]` are distinct word u's
+    trigram ids, `words` lists every word occurrence (text by text) as a distinct-word index, and
+    text j has `lengths[j]` words. Hashing each distinct word once makes the embedding work (and its
+    gradient) proportional to the distinct words, not to the word occurrences."""
+
+    ids: torch.Tensor  # int64 (trigrams of the distinct words,)
+    offsets: torch.Tensor  # int64 (distinct words,)
+    words: torch.Tensor  # int64 (word occurrences,)
+    lengths: torch.Tensor  # int64 (n,) >= 1
+
+    def to(self, device: torch.device | str) -> TextBatch:
+        return TextBatch(*(t.to(device) for t in (self.ids, self.offsets, self.words, self.lengths)))
+
+    def __len__(self) -> int:
+        return int(self.lengths.numel())
+
+
+class Vocab:
+    """A trigram vocabulary: token -> id (0 = unknown), with the content hash of its `dssm vocab` output.
+
+    Checkpoints carry the token list, so a trained model loads without the vocab directory."""
+
+    def __init__(self, tokens: list[str], sha256: str, clean_sha256: str | None = None):
+        self.tokens = tokens
+        self.size = len(tokens)
+        self.sha256 = sha256
+        self.clean_sha256 = clean_sha256
+        self.index = {tok: i for i, tok in enumerate(tokens) if i != UNKNOWN_ID}
+
+    @classmethod
+    def load(cls, root: Path | str) -> Vocab:
+        root = Path(root)
+        manifest = require_manifest(root, "vocab")
+        table = pq.read_table(root / "trigrams", columns=["id", "token"]).sort_by("id")
+        ids = table.column("id").to_pylist()
+        if not ids or ids != list(range(len(ids))):
+            raise DssmError(f"{root}/trigrams: ids must be 0..n-1 with 0 = <unk>; rerun `dssm vocab`")
+        clean = manifest.get("inputs", {}).get("clean", {}).get("sha256")
+        return cls(table.column("token").to_pylist(), manifest["content_sha256"], clean)
+
+
+class Tokenizer:
+    """Text -> word ids -> trigram ids, with every word and text cached (titles repeat a lot)."""
+
+    def __init__(self, vocab: Vocab, max_words: int, cache_size: int = 1_000_000):
+        self.vocab = vocab
+        self.max_words = max_words
+        self.cache_size = cache_size
+        self._word_ids: dict[str, int] = {}
+        self._trigrams: list[np.ndarray] = []  # per word id
+        self._texts: dict[str, np.ndarray] = {}
+
+    def word_id(self, word: str) -> int:
+        wid = self._word_ids.get(word)
+        if wid is None:
+            index = self.vocab.index
+            wid = len(self._trigrams)
+            self._word_ids[word] = wid
+            self._trigrams.append(np.fromiter((index.get(t, UNKNOWN_ID) for t in word_trigrams(word)), np.int64))
+        return wid
+
+    def text(self, text: str) -> np.ndarray:
+        """Word ids of the text (at most `max_words`); an empty text is one empty word (id 0: <unk>)."""
+        hit = self._texts.get(text)
+        if hit is None:
+            words = text.split()[: self.max_words] or [""]
+            hit = np.fromiter((self.word_id(w) for w in words), np.int64, len(words))
+            if len(self._texts) < self.cache_size:
+                self._texts[text] = hit
+        return hit
+
+    def trigrams(self, text: str) -> list[np.ndarray]:
+        """The trigram ids of each word of the text."""
+        return [self._trigrams[w] for w in self.text(text)]
+
+    def batch(
+        self, texts: list[str], rng: np.random.Generator | None = None, word_dropout: float = 0.0, scramble: float = 0.0
+    ) -> TextBatch:
+        """Tokenise `texts`; with `rng`, apply word dropout and scrambling (Wieting & Gimpel 2017)."""
+        parts = [self.text(t) for t in texts]
+        if rng is not None and (word_dropout > 0 or scramble > 0):
+            parts = [_perturb(p, rng, word_dropout, scramble) for p in parts]
+        distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
+        bags = [self._trigrams[w] for w in distinct]
+        sizes = np.fromiter((len(b) for b in bags), np.int64, len(bags))
+        offsets = np.zeros(len(bags), np.int64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        return TextBatch(
+            ids=torch.from_numpy(np.concatenate(bags)),
+            offsets=torch.from_numpy(offsets),
+            words=torch.from_numpy(occurrences.astype(np.int64)),
+            lengths=torch.tensor([len(p) for p in parts], dtype=torch.int64),
+        )
+
+
+def _perturb(word_ids: np.ndarray, rng: np.random.Generator, word_dropout: float, scramble: float) -> np.ndarray:
+    n = len(word_ids)
+    if word_dropout > 0 and n > 1:
+        keep = rng.random(n) >= word_dropout
+        if not keep.any():  # never drop a whole text
+            keep[rng.integers(n)] = True
+        word_ids = word_ids[keep]
+    if scramble > 0 and len(word_ids) > 1 and rng.random() < scramble:
+        word_ids = rng.permutation(word_ids)
+    return word_ids

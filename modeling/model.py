@@ -1,0 +1,53 @@
+"""The two-tower retrieval model and the paper's objective, eq. (5).
+
+P(D+|Q) = exp(γ·cos(Q, D+)) / Σ_{D ∈ {D+} ∪ negatives} exp(γ·cos(Q, D)); the loss is −log of it,
+averaged over the batch. Query and document towers are separate by default (Λ_Q, Λ_D, as in
+Algorithm 1); `shared_towers` ties them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from modeling.config import LossConfig, ModelConfig
+from modeling.encoders import build_encoder
+from modeling.hashing import TextBatch
+
+
+class TwoTower(nn.Module):
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.query_encoder = build_encoder(vocab_size, cfg)
+        self.doc_encoder = self.query_encoder if cfg.shared_towers else build_encoder(vocab_size, cfg)
+        self.dim = self.query_encoder.dim
+
+    def encode_queries(self, batch: TextBatch) -> Tensor:
+        return self.query_encoder(batch)
+
+    def encode_docs(self, batch: TextBatch) -> Tensor:
+        return self.doc_encoder(batch)
+
+    def forward(self, queries: TextBatch, docs: TextBatch) -> tuple[Tensor, Tensor]:
+        """Query vectors (B, dim) and document vectors (B, 1 + n, dim): clicked title first."""
+        q = self.encode_queries(queries)
+        d = self.encode_docs(docs)
+        return q, d.view(q.shape[0], -1, d.shape[1])
+
+
+def click_loss(q: Tensor, d: Tensor, cfg: LossConfig) -> Tensor:
+    """Eq. (5): softmax over γ·cos of the clicked title (index 0) and its negatives; mean −log P.
+
+    With `in_batch_negatives`, every other example's clicked title is a negative too."""
+    if q.dtype in (torch.float16, torch.bfloat16):  # autocast outputs: score in fp32
+        q, d = q.float(), d.float()
+    q = F.normalize(q, dim=-1, eps=1e-8)
+    d = F.normalize(d, dim=-1, eps=1e-8)
+    scores = torch.einsum("bh,bkh->bk", q, d)  # (B, 1 + n)
+    if cfg.in_batch_negatives and q.shape[0] > 1:
+        others = q @ d[:, 0].t()  # (B, B): diagonal is each row's own clicked title
+        others = others.masked_fill(torch.eye(q.shape[0], dtype=torch.bool, device=q.device), float("-inf"))
+        scores = torch.cat([scores, others], 1)
+    target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+    return F.cross_entropy(cfg.gamma * scores, target)

@@ -1,0 +1,39 @@
+"""Algorithm 1's optimiser: Nesterov momentum SGD with a fixed step size, the paper's momentum
+schedule, and gradient re-normalisation at th_G (global L2 norm). Adam is an option.
+
+PyTorch's `SGD(nesterov=True)` is the common reformulation of Nesterov momentum
+(Sutskever et al. 2013) that evaluates the gradient at the current parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from modeling.config import OptimConfig
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.name == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused: one pass over each tensor per step (the embedding tables dominate memory traffic)
+    return torch.optim.SGD(
+        params, lr=cfg.lr, momentum=cfg.momentum_edge_value, nesterov=True, weight_decay=cfg.weight_decay, fused=True
+    )
+
+
+def momentum_at(step: int, total: int, cfg: OptimConfig) -> float:
+    """μ for update `step` (1-based) of `total`: the edge value in the first and last 2%, else 0.995."""
+    edge = cfg.momentum_edge * total
+    if step <= edge or step > total - edge:
+        return cfg.momentum_edge_value
+    return cfg.momentum
+
+
+def set_momentum(optimizer: torch.optim.Optimizer, step: int, total: int, cfg: OptimConfig) -> float:
+    mu = momentum_at(step, total, cfg)
+    if cfg.name == "nesterov":
+        for group in optimizer.param_groups:
+            group["momentum"] = mu
+    return mu

@@ -1,0 +1,399 @@
+"""`dssm train`: the training loop (Algorithm 1 of Palangi et al. 2016) under torch DDP.
+
+Run in-process (`--nproc 1`), through `dssm train --nproc N` (which launches torchrun), or by
+torchrun directly: `torchrun --nproc-per-node N -m modeling.train --workdir work`. NCCL on GPUs,
+gloo on CPU. Every rank streams its own shards; rank 0 alone logs to MLflow and checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from dssm.artifacts import require_manifest
+from dssm.errors import DssmError
+from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint
+from modeling.config import TrainConfig, load_config
+from modeling.data import ClickBatches, train_files, validation_rows
+from modeling.hashing import Tokenizer, Vocab
+from modeling.model import TwoTower, click_loss
+from modeling.optim import build_optimizer, set_momentum
+
+log = logging.getLogger("dssm.train")
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_kind: str) -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    return Dist(dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise DssmError("device=cuda but no CUDA device is visible")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
+    """Fill the data, output and MLflow locations left empty from the work dir."""
+    work = Path(workdir or "work")
+    cfg.data.negatives = cfg.data.negatives or str(work / "negatives")
+    cfg.data.vocab = cfg.data.vocab or str(work / "vocab")
+    cfg.out = cfg.out or str(work / "train" / cfg.model.encoder)
+    if not cfg.mlflow_uri:
+        cfg.mlflow_uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
+
+
+class Tracker:
+    """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere."""
+
+    def __init__(self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str]):
+        self.enabled = enabled
+        self.run_id = run_id
+        if not enabled:
+            return
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(cfg.mlflow_uri)
+        experiment = mlflow.get_experiment_by_name(cfg.experiment)
+        if experiment is None:
+            artifacts = None
+            if cfg.mlflow_uri.startswith("sqlite:///"):  # keep artifacts beside the store, not in the CWD
+                artifacts = Path(cfg.mlflow_uri[len("sqlite:///") :]).parent.joinpath("mlartifacts").as_uri()
+            experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
+        else:
+            experiment_id = experiment.experiment_id
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=cfg.run_name or None)
+        self.run_id = run.info.run_id
+        if run_id is None:
+            mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})
+            mlflow.set_tags(tags)
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        if self.enabled:
+            self.mlflow.log_metrics(values, step=step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.enabled:
+            self.mlflow.end_run(status)
+
+
+def clip_gradients(model: torch.nn.Module, threshold: float) -> float:
+    """Algorithm 1's re-normalisation: scale all gradients to global L2 norm `threshold` when larger.
+    (clip_grad_norm_ rescales every step even by 1.0: a full pass over the embedding tables.)"""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = float(torch.nn.utils.get_total_norm(grads))
+    if norm > threshold:
+        torch._foreach_mul_(grads, threshold / (norm + 1e-6))
+    return norm
+
+
+def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
+    if d.world > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= d.world
+    return float(value)
+
+
+@torch.no_grad()
+def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: TrainConfig, device) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    size = max(1, cfg.data.batch_size)
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        queries, docs = batches.encode(chunk)
+        q, d = model(queries.to(device), docs.to(device))
+        total += float(click_loss(q, d, cfg.loss)) * len(chunk)
+        count += len(chunk)
+    model.train()
+    return total / max(count, 1)
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
+    """Train one model; returns a summary (steps, losses, throughput, checkpoint, MLflow run id)."""
+    device_kind = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    d = init_distributed(device_kind)
+    try:
+        return _train(cfg, resume, d)
+    finally:
+        if d.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
+    device = pick_device(cfg, d.local_rank)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
+    out = Path(cfg.out)
+    negatives = Path(cfg.data.negatives)
+    neg_manifest = require_manifest(negatives, "negatives")
+    if not (Path(cfg.data.vocab) / "manifest.json").exists():
+        raise DssmError(f"{cfg.data.vocab}: no `dssm vocab` output here; run `dssm vocab` first")
+    vocab = Vocab.load(cfg.data.vocab)
+    neg_clean = neg_manifest.get("inputs", {}).get("clean", {}).get("sha256")
+    if vocab.clean_sha256 and neg_clean and vocab.clean_sha256 != neg_clean:
+        raise DssmError(
+            f"{cfg.data.vocab} and {negatives} were built from different `dssm clean` outputs; rebuild one of them"
+        )
+
+    state = None
+    if (out / LAST).exists():
+        if not resume:
+            raise DssmError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another out=")
+        state = read_checkpoint(out / LAST)
+        if state["vocab"]["sha256"] != vocab.sha256:
+            raise DssmError(f"{out}/{LAST} was trained with another vocabulary than {cfg.data.vocab}; cannot resume")
+        if state["config"]["model"] != cfg.to_dict()["model"]:
+            raise DssmError(f"{out}/{LAST} has another model config; resume with the same model settings")
+
+    tokenizer = Tokenizer(vocab, cfg.model.max_words)
+    batches = ClickBatches(
+        train_files(negatives), d.rank, d.world, cfg.data, tokenizer, int(neg_manifest["params"]["n"]), cfg.seed
+    )
+    steps_per_epoch = batches.steps_per_epoch
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = TwoTower(vocab.size, cfg.model).to(device)
+    optimizer = build_optimizer(model, cfg.optim)
+    step = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    ddp = DistributedDataParallel(model) if d.world > 1 else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+    tags = {
+        "dataset_sha256": neg_manifest["content_sha256"],
+        "vocab_sha256": vocab.sha256,
+        "system": cfg.model.encoder,
+        "world_size": str(d.world),
+        "device": device.type,
+        "code_version": neg_manifest.get("code_version", ""),
+    }
+    tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags)
+    valid = validation_rows(negatives, cfg.data.max_valid_rows) if d.main else []
+
+    def checkpoint(val: float | None) -> None:
+        if d.main:
+            save_checkpoint(
+                out,
+                {
+                    "config": cfg.to_dict(),
+                    "vocab": {"tokens": vocab.tokens, "sha256": vocab.sha256, "clean_sha256": vocab.clean_sha256},
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "total_steps": total,
+                    "valid_loss": val,
+                    "dataset_sha256": neg_manifest["content_sha256"],
+                    "mlflow_run_id": tracker.run_id,
+                },
+                step,
+                cfg.keep_checkpoints,
+            )
+        if d.world > 1:
+            dist.barrier()
+
+    def validate() -> float | None:
+        val = validation_loss(model, valid, batches, cfg, device) if d.main and valid else None
+        if val is not None:
+            tracker.metrics({"valid_loss": val}, step)
+        return val
+
+    if d.main:
+        out.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "training %s: %d steps (%d per epoch), global batch %d over %d process(es) on %s; out %s",
+            cfg.model.encoder,
+            total,
+            steps_per_epoch,
+            cfg.data.batch_size,
+            d.world,
+            device,
+            out,
+        )
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=total, initial=step, unit="step", desc=f"train {cfg.model.encoder}", disable=None if d.main else True
+    )
+    val = None
+    window_loss = torch.zeros((), device=device)
+    window_steps, window_start, started, first_step = 0, time.perf_counter(), time.perf_counter(), step
+    status = "FAILED"
+    try:
+        while step < total:
+            epoch, skip = divmod(step, steps_per_epoch)
+            for queries, docs in batches.epoch(epoch, skip=skip):
+                if step >= total:
+                    break
+                step += 1
+                mu = set_momentum(optimizer, step, total, cfg.optim)
+                with autocast:
+                    q, dv = ddp(queries.to(device), docs.to(device))
+                loss = click_loss(q, dv, cfg.loss)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = clip_gradients(model, cfg.optim.clip_norm)
+                if not math.isfinite(norm):  # the norm is reduced over ranks: every rank stops here
+                    raise DssmError(
+                        f"non-finite loss/gradient at step {step} (loss {float(loss):.4g}); nothing written after "
+                        f"the last checkpoint in {out}; try a smaller optim.lr or optim.clip_norm"
+                    )
+                optimizer.step()
+                window_loss += loss.detach()
+                window_steps += 1
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == total:
+                    train_loss = mean_over_ranks(window_loss / window_steps, d)
+                    elapsed = time.perf_counter() - window_start
+                    rate = window_steps * cfg.data.batch_size / elapsed
+                    tracker.metrics(
+                        {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}, step
+                    )
+                    bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
+                    window_loss.zero_()
+                    window_steps, window_start = 0, time.perf_counter()
+                if step % cfg.eval_every == 0 and step != total:
+                    val = validate()
+                if step % cfg.checkpoint_every == 0 and step != total:
+                    checkpoint(val)
+        val = validate()
+        checkpoint(val)
+        status = "FINISHED"
+    finally:
+        bar.close()
+        tracker.close(status)
+    seconds = time.perf_counter() - started
+    summary = {
+        "steps": step,
+        "valid_loss": val,
+        "examples_per_s": (step - first_step) * cfg.data.batch_size / seconds if step > first_step else None,
+        "checkpoint": str(out / LAST),
+        "mlflow_run_id": tracker.run_id,
+    }
+    if d.main:
+        log.info(
+            "finished %d steps; validation loss %s; checkpoint %s",
+            step,
+            "n/a" if val is None else f"{val:.4f}",
+            out / LAST,
+        )
+    return summary
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides, e.g. model.encoder=rnn optim.lr=0.05 epochs=3 (see docs/training.md)",
+    )
+    p.add_argument("--config", type=Path, help="YAML config file (defaults < file < KEY=VALUE overrides)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("work"),
+        help="where `dssm negatives`/`dssm vocab` wrote (default: %(default)s); also the default "
+        "home of the run (WORKDIR/train/ENCODER) and of the MLflow store (WORKDIR/mlflow.db)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in the run directory")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes (DDP ranks) to launch with torchrun: GPUs, or gloo CPU processes (default: 1)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
+    cfg = load_config(args.config, args.overrides)
+    resolve_paths(cfg, args.workdir)
+    if args.resume and (Path(cfg.out) / LAST).exists():
+        saved = read_checkpoint(Path(cfg.out) / LAST)["config"]
+        cfg = load_config(args.config, args.overrides, base=saved)
+    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
+        raise DssmError("optim.lr must be a positive number")
+    return cfg
+
+
+def launch(args: argparse.Namespace) -> int:
+    """`dssm train --nproc N`: run this module under torchrun with N processes."""
+    import subprocess
+
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        "-m",
+        "modeling.train",
+        "--workdir",
+        str(args.workdir),
+    ]
+    if args.config:
+        argv += ["--config", str(args.config)]
+    if args.resume:
+        argv.append("--resume")
+    argv += list(args.overrides)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    return subprocess.run(argv, env=env).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of each torchrun process."""
+    parser = argparse.ArgumentParser(prog="python -m modeling.train", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        train(config_from_args(args), resume=args.resume)
+    except DssmError as e:
+        print(f"dssm train (rank {rank}): error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Models, word hashing, loss and optimiser schedule on tiny inputs (no training run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dssm.errors import DssmError
+from modeling.config import ENCODERS, LossConfig, ModelConfig, OptimConfig, load_config
+from modeling.encoders import build_encoder
+from modeling.hashing import Tokenizer, Vocab
+from modeling.model import TwoTower, click_loss
+from modeling.optim import momentum_at
+
+TEXTS = ["cordless drill", "white steel ladder with 2 pack", "rug", "outdoor led lamp for home", "zzqx sink"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_data) -> Tokenizer:
+    return Tokenizer(Vocab.load(tiny_data / "vocab"), max_words=40)
+
+
+def tiny_cfg(encoder: str, **kw) -> ModelConfig:
+    return ModelConfig(**{"encoder": encoder, "ncell": 6, "hidden": [7], "out_dim": 5, **kw})
+
+
+def lstm_reference(enc, ids_per_word: list[list[int]]) -> torch.Tensor:
+    """Eq. (2) written out for one text, word by word (forward direction of `enc.forward_rnn`)."""
+    r = enc.forward_rnn
+    h = r.hidden
+    y = torch.zeros(h, dtype=torch.float64)
+    c = torch.zeros(h, dtype=torch.float64)
+    w = r.bag.weight.double()
+    for ids in ids_per_word:
+        z = w[ids].sum(0)[: r.gates * h] + r.bias.double() + r.w_rec.double() @ y
+        parts = list(z.split(h))
+        if r.forget_gate:
+            i, f, o, g = parts
+        else:
+            (i, o, g), f = parts, None
+        if r.peep is not None:
+            i = i + r.peep[0].double() * c
+            f = None if f is None else f + r.peep[1].double() * c
+        c = (torch.sigmoid(f) * c if f is not None else c) + torch.sigmoid(i) * torch.tanh(g)
+        if r.peep is not None:
+            o = o + r.peep[2].double() * c
+        y = torch.sigmoid(o) * torch.tanh(c)
+    return y
+
+
+def test_word_hashing_maps_unknown_trigrams_to_zero(tokenizer):
+    (ids,) = tokenizer.trigrams("zzqx")
+    assert ids.tolist() == [0, 0, 0, 0]  # #zz zzq zqx qx#: none in the vocabulary
+    batch = tokenizer.batch(["cordless drill", "", "drill"])
+    assert batch.lengths.tolist() == [2, 1, 1]  # an empty text is one empty word (a zero vector)
+    assert len(batch.offsets) == 3  # distinct words: "", cordless, drill
+    assert batch.words[0] != batch.words[1] and batch.words[1] == batch.words[3]
+    cordless = batch.ids[batch.offsets[batch.words[0]] :][: len("#cordless#") - 2]
+    assert cordless.tolist() == [
+        tokenizer.vocab.index.get(t, 0) for t in ["#co", "cor", "ord", "rdl", "dle", "les", "ess", "ss#"]
+    ]
+
+
+@pytest.mark.parametrize("forget_gate,peepholes", [(False, False), (True, False), (True, True), (False, True)])
+def test_lstm_matches_equation_2_and_ignores_padding(tokenizer, forget_gate, peepholes):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("lstm", forget_gate=forget_gate, peepholes=peepholes))
+    if enc.forward_rnn.peep is not None:
+        torch.nn.init.normal_(enc.forward_rnn.peep)
+    batch = tokenizer.batch(TEXTS)
+    together = enc(batch)
+    for j, text in enumerate(TEXTS):
+        alone = enc(tokenizer.batch([text]))[0]
+        torch.testing.assert_close(together[j], alone, atol=1e-6, rtol=1e-5)
+        words = tokenizer.trigrams(text)
+        torch.testing.assert_close(
+            together[j].double(), lstm_reference(enc, [w.tolist() for w in words]), atol=1e-5, rtol=1e-4
+        )
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_every_encoder_is_independent_of_the_other_texts_in_the_batch(tokenizer, encoder):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder))
+    together = enc(tokenizer.batch(TEXTS))
+    assert together.shape == (len(TEXTS), enc.dim)
+    for j, text in enumerate(TEXTS):
+        torch.testing.assert_close(together[j], enc(tokenizer.batch([text]))[0], atol=1e-6, rtol=1e-5)
+
+
+def test_bilstm_backward_direction_reads_the_text_reversed(tokenizer):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("bilstm"))
+    vec = enc(tokenizer.batch(["outdoor led lamp"]))[0]
+    words = [w.tolist() for w in tokenizer.trigrams("outdoor led lamp")]
+    backward = enc.backward_rnn
+    enc.forward_rnn, enc.backward_rnn = backward, enc.forward_rnn  # reference reads forward_rnn
+    expected = lstm_reference(enc, words[::-1])
+    torch.testing.assert_close(vec[6:].double(), expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("encoder,kw", [("lstm", {"forget_gate": True}), ("rnn", {}), ("gran", {"forget_gate": True})])
+def test_loop_script_and_native_give_the_same_vectors(tokenizer, encoder, kw):
+    batch = tokenizer.batch(TEXTS)
+    torch.manual_seed(0)
+    ref = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl="loop", **kw))
+    for impl in ("script", "native"):
+        other = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl=impl, **kw))
+        other.load_state_dict(ref.state_dict())
+        torch.testing.assert_close(other(batch), ref(batch), atol=1e-6, rtol=1e-5)
+
+
+def test_native_refuses_the_papers_lstm_variant(tokenizer):
+    with pytest.raises(ValueError, match="native"):
+        build_encoder(tokenizer.vocab.size, tiny_cfg("lstm", impl="native"))
+
+
+def test_lstm_gradients_match_finite_differences(tokenizer):
+    small = Tokenizer(Vocab(tokenizer.vocab.tokens[:24], "small"), max_words=40)  # fewer inputs to perturb
+    torch.manual_seed(0)
+    model = TwoTower(small.vocab.size, tiny_cfg("lstm", ncell=3, peepholes=True, forget_gate=True)).double()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    queries = small.batch(["cordless drill", "rug"])
+    docs = small.batch(["steel drill kit", "white lamp", "small rug", "brass sink with set"])
+    names = [n for n, _ in model.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in model.parameters())
+
+    def loss(*values):
+        q, d = torch.func.functional_call(model, dict(zip(names, values, strict=True)), (queries, docs))
+        return click_loss(q, d, LossConfig(gamma=3.0))
+
+    assert torch.autograd.gradcheck(loss, params, eps=1e-6, atol=1e-5)
+
+
+def test_internals_are_per_word_and_end_at_the_embedding(tokenizer):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("bilstm"))
+    batch = tokenizer.batch(TEXTS)
+    vec, internals = enc(batch, internals=True)
+    longest = int(batch.lengths.max())
+    assert set(internals) == {"i", "c", "o", "y", "bw_i", "bw_c", "bw_o", "bw_y"}
+    for j, n in enumerate(batch.lengths.tolist()):
+        assert internals["y"].shape == (len(TEXTS), longest, 6)
+        torch.testing.assert_close(internals["y"][j, n - 1], vec[j, :6])  # forward ends at the last word
+        torch.testing.assert_close(internals["bw_y"][j, 0], vec[j, 6:])  # backward ends at the first
+        assert internals["i"][j, n:].abs().sum() == 0  # nothing past the end
+
+
+def test_loss_is_equation_5():
+    q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    d = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 3.0]]])
+    cfg = LossConfig(gamma=10.0)
+    cos = torch.tensor([[1.0, 0.0], [1 / math.sqrt(2), 1.0]])
+    expected = -torch.log_softmax(10 * cos, 1)[:, 0].mean()
+    torch.testing.assert_close(click_loss(q, d, cfg), expected)
+    with_batch = click_loss(q, d, LossConfig(gamma=10.0, in_batch_negatives=True))
+    assert with_batch > expected  # the other row's clicked title is one more negative
+
+
+def test_momentum_schedule_is_the_papers():
+    cfg = OptimConfig()
+    mus = [momentum_at(s, 1000, cfg) for s in range(1, 1001)]
+    assert mus[:20] == [0.9] * 20 and mus[-20:] == [0.9] * 20
+    assert set(mus[20:-20]) == {0.995}
+
+
+def test_config_overrides_and_errors(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("epochs: 3\nmodel:\n  encoder: rnn\n  hidden: [64, 32]\n")
+    cfg = load_config(path, ["optim.lr=0.5", "model.peepholes=true", "data.batch_size=1_024"])
+    assert (cfg.epochs, cfg.model.encoder, cfg.model.hidden) == (3, "rnn", [64, 32])
+    assert (cfg.optim.lr, cfg.model.peepholes, cfg.data.batch_size) == (0.5, True, 1024)
+    assert cfg.flat()["model.encoder"] == "rnn"
+    with pytest.raises(DssmError, match="unknown key model.cells"):
+        load_config(None, ["model.cells=3"])
+    with pytest.raises(DssmError, match="choose one of"):
+        load_config(None, ["model.encoder=transformer"])
+    with pytest.raises(DssmError, match="cannot read"):
+        load_config(None, ["epochs=many"])
+    with pytest.raises(DssmError, match="key=value"):
+        load_config(None, ["epochs"])

@@ -1,0 +1,203 @@
+"""`dssm train` end to end: golden loss, DDP with 2 gloo processes, resume after SIGKILL, bad input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import write_tiny_dataset
+
+from dssm.cli import main as dssm_main
+from dssm.errors import DssmError
+from modeling.checkpoint import load_model, read_checkpoint
+from modeling.config import load_config
+from modeling.data import ClickBatches, train_files, validation_rows
+from modeling.train import resolve_paths, train, validation_loss
+
+TINY = ["model.ncell=8", "data.batch_size=16", "threads=1", "log_every=5", "eval_every=10", "checkpoint_every=10"]
+GOLDEN_TRAIN_LOSS_AT_30 = 0.4121  # tiny lstm after 30 steps, measured on this CPU (x86-64, 1 thread)
+
+
+def config(data: Path, out: Path, *overrides: str):
+    cfg = load_config(None, [*TINY, f"out={out}", *overrides])
+    resolve_paths(cfg, data)
+    return cfg
+
+
+def history(uri: str, run_id: str, key: str) -> dict[int, float]:
+    client = mlflow.MlflowClient(uri)
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def dssm_train(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "dssm.cli", "train", *args], capture_output=True, text=True, env=env)
+
+
+def test_golden_loss_and_validation_loss_falls(tiny_data, tmp_path):
+    cfg = config(tiny_data, tmp_path / "run", "epochs=5", f"mlflow_uri=sqlite:///{tmp_path}/m.db")
+    summary = train(cfg)
+    assert summary["steps"] == 30  # 4 shards x 24 rows, 4 rows per shard per step: 6 steps x 5 epochs
+    losses = history(cfg.mlflow_uri, summary["mlflow_run_id"], "train_loss")
+    valid = history(cfg.mlflow_uri, summary["mlflow_run_id"], "valid_loss")
+    assert sorted(losses) == [5, 10, 15, 20, 25, 30] and sorted(valid) == [10, 20, 30]
+    assert losses[30] == pytest.approx(GOLDEN_TRAIN_LOSS_AT_30, abs=5e-3)
+    assert valid[30] < valid[10] < 1.6  # ln 5 = 1.609: chance level with 4 negatives
+
+    # the checkpoint loads back into a model that scores the validation set the same way
+    model, tokenizer, loaded = load_model(tmp_path / "run")
+    assert loaded.model == cfg.model
+    batches = ClickBatches(train_files(tiny_data / "negatives"), 0, 1, cfg.data, tokenizer, 4, cfg.seed)
+    rows = validation_rows(tiny_data / "negatives", cfg.data.max_valid_rows)
+    assert validation_loss(model, rows, batches, cfg, "cpu") == pytest.approx(valid[30], abs=1e-5)
+    run = mlflow.MlflowClient(cfg.mlflow_uri).get_run(summary["mlflow_run_id"])
+    assert run.data.params["model.encoder"] == "lstm" and run.data.tags["system"] == "lstm"
+    assert run.data.tags["dataset_sha256"] and run.info.status == "FINISHED"
+
+
+def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path):
+    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.5"]
+    one = dssm_train(*common, f"out={tmp_path / 'one'}", f"mlflow_uri=sqlite:///{tmp_path}/one.db")
+    assert one.returncode == 0, one.stderr
+    two = dssm_train("--nproc", "2", *common, f"out={tmp_path / 'two'}", f"mlflow_uri=sqlite:///{tmp_path}/two.db")
+    assert two.returncode == 0, two.stderr
+    a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
+    assert a["step"] == b["step"] == 8
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, atol=2e-6, rtol=1e-5, msg=name)
+    runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").search_runs(
+        [mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").get_experiment_by_name("dssm-train").experiment_id]
+    )
+    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
+
+
+def test_a_killed_run_resumes_and_reproduces_the_loss_curve(tmp_path):
+    data = write_tiny_dataset(tmp_path / "data", rows_per_shard=200)
+    common = [f"--workdir={data}", *TINY, "epochs=6", "log_every=10", "checkpoint_every=20", "eval_every=1000"]
+    uri = f"sqlite:///{tmp_path}/m.db"
+    whole = dssm_train(*common, f"out={tmp_path / 'whole'}", f"mlflow_uri={uri}", "run_name=whole")
+    assert whole.returncode == 0, whole.stderr
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dssm.cli", "train", *common, f"out={out}", f"mlflow_uri={uri}", "run_name=killed"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while not (out / "step-0000040.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = read_checkpoint(out)["step"]
+    assert 40 <= killed_at < 300, "the run should be killed midway"
+
+    resumed = dssm_train(*common, f"out={out}", f"mlflow_uri={uri}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    client = mlflow.MlflowClient(uri)
+    runs = {
+        r.info.run_name: r.info.run_id
+        for r in client.search_runs([client.get_experiment_by_name("dssm-train").experiment_id])
+    }
+    assert set(runs) == {"whole", "killed"}  # the resumed run continued the killed run's MLflow run
+    expected = history(uri, runs["whole"], "train_loss")
+    got = history(uri, runs["killed"], "train_loss")
+    assert sorted(got) == sorted(expected) and len(expected) == 30
+    for step, value in expected.items():
+        assert got[step] == pytest.approx(value, abs=1e-6), step
+    # Not bit-identical: a fresh process numbers the words in another order, which changes the
+    # order of float additions in the embedding gradients (differences ~1e-6 after 300 steps).
+    a, b = read_checkpoint(tmp_path / "whole"), read_checkpoint(out)
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, atol=2e-5, rtol=1e-5)
+
+
+def test_bad_input_gives_a_clear_error_and_no_checkpoint(tiny_data, tmp_path, capsys):
+    def fails(match: str, data: Path, *overrides: str) -> None:
+        with pytest.raises(DssmError, match=match):
+            train(config(data, tmp_path / "out", f"mlflow_uri=sqlite:///{tmp_path}/m.db", *overrides))
+        assert not (tmp_path / "out" / "last.pt").exists()
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_data, broken)
+    shutil.rmtree(broken / "vocab")
+    fails("no `dssm vocab` output", broken)
+
+    (broken / "vocab").mkdir()
+    shutil.copytree(tiny_data / "vocab", broken / "vocab", dirs_exist_ok=True)
+    manifest = (broken / "vocab" / "manifest.json").read_text().replace("0" * 64, "1" * 64)
+    (broken / "vocab" / "manifest.json").write_text(manifest)
+    fails("different `dssm clean` outputs", broken)
+
+    shutil.copytree(tiny_data / "vocab", broken / "vocab", dirs_exist_ok=True)
+    shard = broken / "negatives" / "train" / "part-00002.parquet"
+    pq.write_table(pq.read_table(shard).slice(0, 0), shard)
+    fails("fewer than 4 rows", broken)
+
+    fails("multiple of the 4 train shards", tiny_data, "data.batch_size=10")
+    fails("non-finite loss", tiny_data, "optim.lr=1e30", "optim.clip_norm=1e38", "optim.name=adam", "loss.gamma=1e30")
+
+    # a NaN after a checkpoint leaves that checkpoint as the last one
+    assert (
+        dssm_main(
+            [
+                "train",
+                f"--workdir={tiny_data}",
+                *TINY,
+                "max_steps=5",
+                "checkpoint_every=5",
+                f"out={tmp_path / 'ok'}",
+                f"mlflow_uri=sqlite:///{tmp_path}/m.db",
+            ]
+        )
+        == 0
+    )
+    assert (
+        dssm_main(
+            [
+                "train",
+                f"--workdir={tiny_data}",
+                *TINY,
+                "max_steps=5",
+                f"out={tmp_path / 'ok'}",
+                f"mlflow_uri=sqlite:///{tmp_path}/m.db",
+            ]
+        )
+        == 2
+    )
+    assert "already holds a checkpoint; pass --resume" in capsys.readouterr().err
+    assert dssm_main(["train", f"--workdir={tiny_data}", "--nproc", "3", *TINY]) == 2
+    assert "cannot be split evenly over 3 processes" in capsys.readouterr().err
+
+
+def test_trains_on_the_spark_pipeline_output(pipeline, tmp_path):
+    """The real `dssm negatives` output (3 shards): the validation loss falls below chance."""
+    cfg = load_config(
+        None,
+        [
+            "data.batch_size=48",
+            "epochs=3",
+            "eval_every=20",
+            "log_every=10",
+            "model.ncell=32",
+            f"out={tmp_path / 'run'}",
+            f"mlflow_uri=sqlite:///{tmp_path}/m.db",
+            f"data.negatives={pipeline['negatives']}",
+            f"data.vocab={pipeline['vocab']}",
+        ],
+    )
+    summary = train(cfg)
+    valid = history(cfg.mlflow_uri, summary["mlflow_run_id"], "valid_loss")
+    first, last = valid[min(valid)], valid[max(valid)]
+    assert last < first and last < 1.5
