@@ -128,6 +128,23 @@ def cmd_negatives(args: argparse.Namespace) -> None:
     print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")
 
 
+def _run_train(args: argparse.Namespace, work: Path) -> dict:
+    """The pipeline's train stage: resume an unfinished run, skip a finished one, retrain when the
+    data or the config changed."""
+    import shutil
+
+    from modeling.config import load_config
+    from modeling.train import resolve_paths, stale_run, train
+
+    cfg = load_config(None, args.train)
+    resolve_paths(cfg, work)
+    why = "--force" if args.force else stale_run(cfg)
+    if why and Path(cfg.out).exists():
+        log.info("train: %s; training %s afresh", why, cfg.out)
+        shutil.rmtree(cfg.out)
+    return train(cfg, resume=True)
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from jobs.clean import clean
     from jobs.negatives import NegativesConfig, negatives
@@ -150,10 +167,20 @@ def cmd_run(args: argparse.Namespace) -> None:
     t = time.time()
     negatives(spark, work / "clean", work / "negatives", NegativesConfig(n=args.n), force=args.force)
     stages["negatives"] = time.time() - t
+    t = time.time()
+    trained = _run_train(args, work)
+    stages["train"] = time.time() - t
     from dssm.artifacts import read_manifest
 
-    print(f"\ndata pipeline finished in {time.time() - started:.0f}s; outputs under {work}/:")
+    print(f"\npipeline finished in {time.time() - started:.0f}s; outputs under {work}/:")
     for stage, seconds in stages.items():
+        if stage == "train":
+            val = "n/a" if trained["valid_loss"] is None else f"{trained['valid_loss']:.4f}"
+            print(
+                f"  {stage:<10} {seconds:6.1f}s  {trained['checkpoint']}  (steps {trained['steps']:,}, "
+                f"validation loss {val}, MLflow run {trained['mlflow_run_id']})"
+            )
+            continue
         counts = read_manifest(work / stage)["counts"]
         sizes = {k: v.get("size") if isinstance(v, dict) else v for k, v in counts.items()}
         shown = ", ".join(f"{k} {v:,}" for k, v in sizes.items() if isinstance(v, int))
@@ -292,12 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
-        help="the whole pipeline: simulate -> clean -> vocab -> negatives",
+        help="the whole pipeline: simulate -> clean -> vocab -> negatives -> train",
         description="Run every stage into --workdir; finished stages with unchanged inputs are "
-        "skipped. Without --judgments it uses the embedded default catalogue.",
+        "skipped (an unfinished training run resumes). Without --judgments it uses the embedded "
+        "default catalogue.",
     )
     p.add_argument("--workdir", type=Path, default=Path("work"), help="where stage outputs go (default: %(default)s)")
     p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
+    p.add_argument(
+        "--train",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training config overrides, e.g. --train model.encoder=rnn epochs=3 (docs/training.md)",
+    )
     _add_spark_options(p)
     _add_simulate_options(p)
     p.set_defaults(func=cmd_run)

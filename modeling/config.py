@@ -56,7 +56,7 @@ class DataConfig:
     negatives: str = ""  # a `dssm negatives` output (train/, valid/)
     vocab: str = ""  # a `dssm vocab` output (trigrams/)
     batch_size: int = 256  # global examples per step, split evenly over ranks and shards
-    shuffle_buffer: int = 4096  # rows per shard held for shuffling
+    shuffle_buffer: int = 16_384  # rows per shard shuffled together (shards are written sorted by query)
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
     scramble: float = 0.0  # Wieting & Gimpel: shuffle a text's word order with this probability
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)

@@ -174,6 +174,8 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
         state = read_checkpoint(out / LAST)
         if state["vocab"]["sha256"] != vocab.sha256:
             raise DssmError(f"{out}/{LAST} was trained with another vocabulary than {cfg.data.vocab}; cannot resume")
+        if state["dataset_sha256"] != neg_manifest["content_sha256"]:
+            raise DssmError(f"{out}/{LAST} was trained on other negatives than {negatives}; cannot resume")
         if state["config"]["model"] != cfg.to_dict()["model"]:
             raise DssmError(f"{out}/{LAST} has another model config; resume with the same model settings")
 
@@ -185,6 +187,18 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
+
+    if state is not None and state["step"] >= total and state["config"] == cfg.to_dict():
+        if d.main:
+            log.info("%s: already trained (%d steps with this config and data); nothing to do", out, state["step"])
+        return {
+            "steps": state["step"],
+            "valid_loss": state["valid_loss"],
+            "examples_per_s": None,
+            "checkpoint": str(out / LAST),
+            "mlflow_run_id": state["mlflow_run_id"],
+            "skipped": True,
+        }
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = TwoTower(vocab.size, cfg.model).to(device)
@@ -306,6 +320,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
         "examples_per_s": (step - first_step) * cfg.data.batch_size / seconds if step > first_step else None,
         "checkpoint": str(out / LAST),
         "mlflow_run_id": tracker.run_id,
+        "skipped": False,
     }
     if d.main:
         log.info(
@@ -315,6 +330,22 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             out / LAST,
         )
     return summary
+
+
+def stale_run(cfg: TrainConfig) -> str | None:
+    """Why the checkpoint in `cfg.out` is not a run of this config on this data (None if it is, or
+    if there is none): the pipeline then trains afresh instead of resuming."""
+    last = Path(cfg.out) / LAST
+    if not last.exists():
+        return None
+    state = read_checkpoint(last)
+    if state["dataset_sha256"] != require_manifest(Path(cfg.data.negatives), "negatives")["content_sha256"]:
+        return "the negatives changed"
+    if state["vocab"]["sha256"] != require_manifest(Path(cfg.data.vocab), "vocab")["content_sha256"]:
+        return "the vocabulary changed"
+    if state["config"] != cfg.to_dict():
+        return "the training config changed"
+    return None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

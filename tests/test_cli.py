@@ -11,7 +11,7 @@ from dssm.cli import build_parser, main
 
 def test_every_subcommand_has_help(capsys):
     parser = build_parser()
-    for command in ["simulate", "clean", "vocab", "negatives", "run"]:
+    for command in ["simulate", "clean", "vocab", "negatives", "train", "run"]:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args([command, "--help"])
         assert exit_.value.code == 0
@@ -63,14 +63,32 @@ def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
 
 
 def test_run_chains_every_stage_and_a_rerun_skips_them(spark, tmp_path, capsys, caplog):
-    args = ["run", "--workdir", str(tmp_path / "w"), "--impressions", "5_000", "--workers", "1"]
+    args = [
+        "run",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--impressions",
+        "5_000",
+        "--workers",
+        "1",
+        "--train",
+        "data.batch_size=64",
+        "epochs=2",
+        "model.ncell=16",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     for stage in ["simulate", "clean", "vocab", "negatives"]:
         assert (tmp_path / "w" / stage / "manifest.json").exists()
         assert str(tmp_path / "w" / stage) in out
+    assert f"{tmp_path / 'w' / 'train' / 'lstm' / 'last.pt'}  (steps" in out
     caplog.clear()
     caplog.set_level(logging.INFO)
     assert main(args) == 0
     skipped = [r.getMessage() for r in caplog.records if "up to date" in r.getMessage()]
     assert len(skipped) == 4
+    assert any("already trained" in r.getMessage() for r in caplog.records)
+    # another training config retrains instead of resuming
+    caplog.clear()
+    assert main([*args, "model.ncell=8"]) == 0
+    assert any("the training config changed; training" in r.getMessage() for r in caplog.records)
