@@ -181,18 +181,18 @@ def _unsort(sorted_rows: Tensor, rank: Tensor) -> Tensor:
     return sorted_rows.index_select(0, rank)
 
 
+def _per_word(series: list[Tensor], rank: Tensor, batch: TextBatch, reverse: bool) -> Tensor:
+    """One per-step quantity as (texts, words, H) in the texts' original order and word order."""
+    x = _unsort(padded(series, len(batch)).transpose(0, 1), rank)
+    return reverse_within(x, batch.lengths) if reverse else x
+
+
 def _internals(
-    names: list[str], steps: list[list[Tensor]], outputs: list[Tensor], rank: Tensor, batch: TextBatch, reverse: bool
+    steps: list[list[Tensor]], outputs: list[Tensor], rank: Tensor, batch: TextBatch, reverse: bool
 ) -> dict[str, Tensor]:
-    """Per-step internals as (N, T, H) in the texts' original order and word order."""
-    n = len(batch)
-    found = {name: series for name, series in zip(names, steps, strict=False) if series}
-    found["y"] = outputs
-    result = {}
-    for name, series in found.items():
-        x = _unsort(padded(series, n).transpose(0, 1), rank)
-        result[name] = reverse_within(x, batch.lengths) if reverse else x
-    return result
+    """The cell's recorded [i, f, c, o] (f only with a forget gate) and its outputs y, per word."""
+    series = dict(zip(["i", "f", "c", "o"], steps, strict=False)) | {"y": outputs}
+    return {name: _per_word(s, rank, batch, reverse) for name, s in series.items() if s}
 
 
 class LSTMEncoder(nn.Module):
@@ -214,7 +214,7 @@ class LSTMEncoder(nn.Module):
         else:
             total = packed.sum_per_text(torch.cat(outputs))
             vec = _unsort(total, packed.rank) / batch.lengths.unsqueeze(1).to(total.dtype)
-        found = _internals(["i", "f", "c", "o"], steps, outputs, packed.rank, batch, reverse) if internals else {}
+        found = _internals(steps, outputs, packed.rank, batch, reverse) if internals else {}
         return vec, found
 
     def forward(self, batch: TextBatch, internals: bool = False):
@@ -244,8 +244,8 @@ class GRANEncoder(nn.Module):
         vec = _unsort(packed.sum_per_text(words * gate), packed.rank) / batch.lengths.unsqueeze(1).to(h.dtype)
         if not internals:
             return vec
-        found = _internals(["i", "f", "c", "o"], steps, outputs, packed.rank, batch, False)
-        found["gran_gate"] = _internals(["gate"], [packed.steps(gate)], [], packed.rank, batch, False)["gate"]
+        found = _internals(steps, outputs, packed.rank, batch, False)
+        found["gran_gate"] = _per_word(packed.steps(gate), packed.rank, batch, False)
         return vec, found
 
 
