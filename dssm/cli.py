@@ -209,6 +209,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from evaluation.evaluate import config_from_args, evaluate
+
+    cfg = config_from_args(args)
+    report = evaluate(cfg)
+    print((Path(cfg.out) / "report.md").read_text(), end="")
+    for gate in report["gate"]:
+        print(f"{gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+    print(f"report: {cfg.out}/report.json ({report['seconds']:.0f}s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dssm",
@@ -316,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
+
+    from evaluation.evaluate import add_arguments as add_evaluate_arguments
+
+    p = sub.add_parser(
+        "evaluate",
+        help="NDCG@1/3/10 of trained models and baselines on a judged set (PROTOCOL.md), logged to MLflow",
+        description="Score trained models and baselines on the test queries of a judged set (or --all-queries), "
+        "write report.json, report.md, TREC run files and ndcg.png to --out, log every system as an MLflow run, "
+        "register trained models and move the `champion` alias when NDCG@10 beats the champion's. "
+        "See docs/evaluation.md.",
+    )
+    add_evaluate_arguments(p)
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser(
         "run",

@@ -45,10 +45,14 @@ class OptimConfig:
     weight_decay: float = 0.0
 
 
+PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr")
+
+
 @dataclass
 class LossConfig:
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = False  # also score every other clicked title of the local batch
+    pair_weight: str = "none"  # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr
 
 
 @dataclass
@@ -188,5 +192,7 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError(f"optim.name {o.name!r}: choose nesterov or adam")
     if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
         raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
+    if cfg.loss.pair_weight not in PAIR_WEIGHTS:
+        raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
     if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:
         raise DssmError("data.word_dropout must be in [0, 1) and data.scramble in [0, 1]")

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
+from torch import Tensor
 
 from dssm.errors import DssmError
 from modeling.config import DataConfig
 from modeling.hashing import TextBatch, Tokenizer
 
-COLUMNS = ["query", "positive", "negatives"]
+COLUMNS = ["query", "positive", "negatives", "clicks", "impressions"]
 
 
 def train_files(negatives: Path) -> list[Path]:
@@ -52,11 +54,12 @@ def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
     return per_shard, min(rows.values()) // per_shard
 
 
-def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple[str, str, list[str]]]:
+def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple]:
+    """(query, positive, negatives, clicks, impressions) rows, shuffled within blocks."""
     for record_batch in pq.ParquetFile(path).iter_batches(batch_size=block, columns=COLUMNS):
         cols = [record_batch.column(c).to_pylist() for c in COLUMNS]
         for i in rng.permutation(record_batch.num_rows):
-            yield cols[0][i], cols[1][i], cols[2][i]
+            yield tuple(col[i] for col in cols)
 
 
 def shard_chunks(
@@ -80,6 +83,7 @@ class ClickBatches:
         tokenizer: Tokenizer,
         n_negatives: int,
         seed: int,
+        pair_weight: str = "none",
     ):
         self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
         self.files = list(enumerate(files))[rank::world]
@@ -87,9 +91,10 @@ class ClickBatches:
         self.tokenizer = tokenizer
         self.n = n_negatives
         self.seed = seed
+        self.pair_weight = pair_weight
         self.rank = rank
 
-    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[tuple[TextBatch, TextBatch]]:
+    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[tuple[TextBatch, TextBatch, Tensor]]:
         """The epoch's batches after the first `skip` (which are read but not tokenised)."""
         streams = [
             shard_chunks(f, self.per_shard, self.steps_per_epoch, self.cfg.shuffle_buffer, self.seed, epoch, i)
@@ -102,15 +107,30 @@ class ClickBatches:
             rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
             yield self.encode(rows, rng)
 
-    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch]:
+    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch, Tensor]:
+        """Query and document batches, and each row's loss weight (`loss.pair_weight`)."""
         docs = []
-        for _, positive, negatives in rows:
+        for _, positive, negatives, _, _ in rows:
             if len(negatives) != self.n:
                 raise DssmError(f"a row has {len(negatives)} negatives, the manifest says {self.n}")
             docs.append(positive)
             docs.extend(negatives)
         kw = {"rng": rng, "word_dropout": self.cfg.word_dropout, "scramble": self.cfg.scramble}
-        return self.tokenizer.batch([r[0] for r in rows], **kw), self.tokenizer.batch(docs, **kw)
+        weights = pair_weights(rows, self.pair_weight)
+        return self.tokenizer.batch([r[0] for r in rows], **kw), self.tokenizer.batch(docs, **kw), weights
+
+
+def pair_weights(rows: list, kind: str) -> Tensor:
+    """Per-row loss weights. The rows are distinct clicked pairs, so `none` counts a pair clicked once
+    like one clicked a hundred times; `clicks` restores the paper's one-example-per-click weighting."""
+    clicks = torch.tensor([r[3] for r in rows], dtype=torch.float32)
+    if kind == "clicks":
+        return clicks
+    if kind == "log_clicks":
+        return torch.log1p(clicks)
+    if kind == "ctr":
+        return clicks / torch.tensor([max(r[4], 1) for r in rows], dtype=torch.float32)
+    return torch.ones(len(rows))
 
 
 def validation_rows(negatives: Path, limit: int) -> list:

@@ -36,8 +36,9 @@ class TwoTower(nn.Module):
         return q, d.view(q.shape[0], -1, d.shape[1])
 
 
-def click_loss(q: Tensor, d: Tensor, cfg: LossConfig) -> Tensor:
-    """Eq. (5): softmax over γ·cos of the clicked title (index 0) and its negatives; mean −log P.
+def click_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = None) -> Tensor:
+    """Eq. (5): softmax over γ·cos of the clicked title (index 0) and its negatives; mean −log P
+    (a `weights`-weighted mean when given).
 
     With `in_batch_negatives`, every other example's clicked title is a negative too."""
     if q.dtype in (torch.float16, torch.bfloat16):  # autocast outputs: score in fp32
@@ -50,4 +51,7 @@ def click_loss(q: Tensor, d: Tensor, cfg: LossConfig) -> Tensor:
         others = others.masked_fill(torch.eye(q.shape[0], dtype=torch.bool, device=q.device), float("-inf"))
         scores = torch.cat([scores, others], 1)
     target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
-    return F.cross_entropy(cfg.gamma * scores, target)
+    if weights is None:
+        return F.cross_entropy(cfg.gamma * scores, target)
+    losses = F.cross_entropy(cfg.gamma * scores, target, reduction="none")
+    return (losses * weights).sum() / weights.sum().clamp_min(1e-12)

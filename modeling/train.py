@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dssm.artifacts import require_manifest
 from dssm.errors import DssmError
+from dssm.tracking import experiment_id, local_store
 from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint
 from modeling.config import TrainConfig, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
@@ -69,8 +70,7 @@ def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
     cfg.data.negatives = cfg.data.negatives or str(work / "negatives")
     cfg.data.vocab = cfg.data.vocab or str(work / "vocab")
     cfg.out = cfg.out or str(work / "train" / cfg.model.encoder)
-    if not cfg.mlflow_uri:
-        cfg.mlflow_uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
+    cfg.mlflow_uri = cfg.mlflow_uri or local_store(work)
 
 
 class Tracker:
@@ -84,16 +84,9 @@ class Tracker:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(cfg.mlflow_uri)
-        experiment = mlflow.get_experiment_by_name(cfg.experiment)
-        if experiment is None:
-            artifacts = None
-            if cfg.mlflow_uri.startswith("sqlite:///"):  # keep artifacts beside the store, not in the CWD
-                artifacts = Path(cfg.mlflow_uri[len("sqlite:///") :]).parent.joinpath("mlartifacts").as_uri()
-            experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
-        else:
-            experiment_id = experiment.experiment_id
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=cfg.run_name or None)
+        run = mlflow.start_run(
+            run_id=run_id, experiment_id=experiment_id(cfg.mlflow_uri, cfg.experiment), run_name=cfg.run_name or None
+        )
         self.run_id = run.info.run_id
         if run_id is None:
             mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})
@@ -133,7 +126,7 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
     size = max(1, cfg.data.batch_size)
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
-        queries, docs = batches.encode(chunk)
+        queries, docs, _ = batches.encode(chunk)  # unweighted: comparable across pair_weight settings
         q, d = model(queries.to(device), docs.to(device))
         total += float(click_loss(q, d, cfg.loss)) * len(chunk)
         count += len(chunk)
@@ -181,7 +174,14 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
 
     tokenizer = Tokenizer(vocab, cfg.model.max_words)
     batches = ClickBatches(
-        train_files(negatives), d.rank, d.world, cfg.data, tokenizer, int(neg_manifest["params"]["n"]), cfg.seed
+        train_files(negatives),
+        d.rank,
+        d.world,
+        cfg.data,
+        tokenizer,
+        int(neg_manifest["params"]["n"]),
+        cfg.seed,
+        cfg.loss.pair_weight,
     )
     steps_per_epoch = batches.steps_per_epoch
     total = cfg.epochs * steps_per_epoch
@@ -273,14 +273,14 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     try:
         while step < total:
             epoch, skip = divmod(step, steps_per_epoch)
-            for queries, docs in batches.epoch(epoch, skip=skip):
+            for queries, docs, weights in batches.epoch(epoch, skip=skip):
                 if step >= total:
                     break
                 step += 1
                 mu = set_momentum(optimizer, step, total, cfg.optim)
                 with autocast:
                     q, dv = ddp(queries.to(device), docs.to(device))
-                loss = click_loss(q, dv, cfg.loss)
+                loss = click_loss(q, dv, cfg.loss, None if cfg.loss.pair_weight == "none" else weights.to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = clip_gradients(model, cfg.optim.clip_norm)

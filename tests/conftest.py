@@ -56,6 +56,10 @@ def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
     return {stage: work / stage for stage in ("simulate", "clean", "vocab", "negatives")}
 
 
+TINY_PRODUCTS = ["drill", "hammer", "paint", "ladder", "faucet", "shovel", "mower", "lamp", "rug", "sink"]
+TINY_ATTRIBUTES = ["cordless", "steel", "white", "outdoor", "led", "small", "heavy", "brass"]
+
+
 def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n: int = 4, seed: int = 0) -> Path:
     """A small, fixed `dssm vocab` + `dssm negatives` output (no Spark): queries are a product word
     and an attribute, the clicked title shares the product word, negatives are other products."""
@@ -70,8 +74,7 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
     from jobs.schemas import NEGATIVES, VOCAB
 
     rng = random.Random(seed)
-    products = ["drill", "hammer", "paint", "ladder", "faucet", "shovel", "mower", "lamp", "rug", "sink"]
-    attributes = ["cordless", "steel", "white", "outdoor", "led", "small", "heavy", "brass"]
+    products, attributes = TINY_PRODUCTS, TINY_ATTRIBUTES
     fillers = ["pro", "kit", "with", "set", "2 pack", "24 in.", "for home"]
 
     def title(product: str) -> str:

@@ -1,0 +1,25 @@
+"""MLflow helpers shared by training and evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def experiment_id(tracking_uri: str, name: str) -> str:
+    """The id of experiment `name`, created if missing. With a local sqlite store, artifacts go
+    beside the database (`mlartifacts/`), not into whatever directory the command ran from."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifacts = None
+    if tracking_uri.startswith("sqlite:///"):
+        artifacts = Path(tracking_uri[len("sqlite:///") :]).parent.joinpath("mlartifacts").as_uri()
+    return mlflow.create_experiment(name, artifact_location=artifacts)
+
+
+def local_store(work: Path) -> str:
+    """The default tracking URI: a sqlite store in the work dir."""
+    return f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"

@@ -1,0 +1,237 @@
+"""`dssm evaluate`: score trained models and baselines on a judged set, write the report, log every
+system as its own MLflow run in the dataset's experiment, register trained models and run the
+champion gate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dssm
+from dssm.artifacts import atomic_dir, sha256_file
+from dssm.judgments import JudgedSetSpec, read_judgments
+from dssm.tracking import experiment_id, local_store
+from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, dataset_name, evaluate_scores
+from evaluation.protocol import relevant_threshold as default_threshold
+from evaluation.report import write_report
+from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluateConfig:
+    judgments: Path
+    out: Path
+    models: list[str] = field(default_factory=list)
+    baselines: list[str] = field(default_factory=lambda: ["bm25"])
+    spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
+    dataset: str | None = None  # default: from the file path (dataset_name)
+    all_queries: bool = False
+    relevant_at: float | None = None
+    min_label: float | None = None
+    mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
+    experiment: str | None = None  # default: the dataset name
+    register: bool = True
+    baseline_params: BaselineParams = field(default_factory=BaselineParams)
+
+
+def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+    """Run the evaluation; returns report.json's content plus the gate decisions."""
+    started = time.perf_counter()
+    pairs = read_judgments(cfg.judgments, cfg.spec)
+    name = cfg.dataset or dataset_name(cfg.judgments)
+    eval_set = build_eval_set(pairs, name, sha256_file(cfg.judgments), cfg.all_queries, cfg.min_label, cfg.spec)
+    threshold = default_threshold(eval_set) if cfg.relevant_at is None else cfg.relevant_at
+    log.info("%s: %d queries, %d judged pairs", name, len(eval_set.queries), eval_set.n_pairs)
+
+    trained = [load_trained(m) for m in cfg.models]
+    unique_names(trained)
+    wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
+    systems = [*(build_timed(b, pairs, cfg.baseline_params) for b in wanted), *trained]
+    queries, titles = eval_set.pairs()
+    results: list[SystemResult] = []
+    for system in systems:
+        t = time.perf_counter()
+        results.append(evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles), threshold))
+        system.params["score_seconds"] = round(time.perf_counter() - t, 2)
+        shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
+        log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
+
+    uri = cfg.mlflow_uri or local_store(Path(cfg.out).resolve().parent)
+    run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results)
+    try:
+        with atomic_dir(cfg.out) as tmp:
+            report = write_report(tmp, eval_set, results, threshold, run_ids)
+        report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, Path(cfg.out))
+        (Path(cfg.out) / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
+    except BaseException:
+        _fail_runs(uri, run_ids)
+        raise
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def build_timed(name: str, pairs, params: BaselineParams) -> System:
+    t = time.perf_counter()
+    system = build_baseline(name, pairs, params)
+    system.params["fit_seconds"] = round(time.perf_counter() - t, 2)
+    return system
+
+
+def eval_key(eval_set: EvalSet) -> str:
+    """Names an evaluation set: same judged file and same split give the same key."""
+    split = "all" if eval_set.all_queries else "test"
+    return hashlib.sha256(f"{eval_set.sha256}:{split}:{eval_set.min_label}".encode()).hexdigest()[:16]
+
+
+def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
+    return {
+        "dataset": eval_set.name,
+        "dataset_sha256": eval_set.sha256,
+        "eval_key": eval_key(eval_set),
+        "split": "all" if eval_set.all_queries else "test",
+        "system": system.name,
+        "kind": system.kind,
+        "code_version": dssm.__version__,
+        **system.tags,
+    }
+
+
+def _start_runs(
+    uri: str, experiment: str, eval_set: EvalSet, systems: list[System], results: list[SystemResult]
+) -> dict[str, str]:
+    """One finished-later run per system with its tags, params and metrics; returns run ids by system."""
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    exp = experiment_id(uri, experiment)
+    ids = {}
+    for system, result in zip(systems, results, strict=True):
+        run = client.create_run(exp, run_name=system.name, tags=_tags(eval_set, system))
+        ids[system.name] = run.info.run_id
+        for key, value in list(system.params.items())[:100]:
+            client.log_param(run.info.run_id, key, str(value)[:500])
+        metrics = {f"ndcg_at_{k}": result.mean(f"ndcg@{k}") for k in CUTOFFS}
+        metrics |= {"mrr": result.mean("rr"), "map": result.mean("ap"), "eval_queries": len(eval_set.queries)}
+        for key, value in metrics.items():
+            client.log_metric(run.info.run_id, key, value)
+    return ids
+
+
+def _finish_runs(
+    uri: str, cfg: EvaluateConfig, eval_set: EvalSet, systems: list[System], run_ids: dict[str, str], out: Path
+) -> list[dict[str, Any]]:
+    """Attach the report to every run; log, register and gate the trained models; end the runs."""
+    import mlflow
+
+    from evaluation.registry import champion_gate, log_model
+
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    report = json.loads((out / "report.json").read_text())
+    gates = []
+    for system in systems:
+        run_id = run_ids[system.name]
+        with mlflow.start_run(run_id=run_id):
+            for artifact in ("report.json", "report.md", "ndcg.png", "qrels.txt"):
+                mlflow.log_artifact(str(out / artifact))
+            mlflow.log_artifact(str(out / "runs" / f"{system.name}.run"), "runs")
+            if system.kind == "trained" and system.checkpoint is not None:
+                registered = f"dssm-{eval_set.name}" if cfg.register else None
+                model_uri, version = log_model(system.checkpoint, registered)
+                mlflow.set_tag("model_uri", model_uri)
+                if version is not None:
+                    ndcg10 = report["systems"][system.name]["ndcg@10"]
+                    decision = champion_gate(
+                        client, registered, version, ndcg10, eval_key(eval_set), lambda u: _score_uri(u, eval_set)
+                    )
+                    mlflow.set_tags({"registered_model": registered, "registered_version": version})
+                    mlflow.set_tag("champion_gate", decision.reason)
+                    log.info("%s v%s: %s", registered, version, decision.reason)
+                    gates.append({"system": system.name, "model": registered, **decision.as_dict()})
+    return gates
+
+
+def _fail_runs(uri: str, run_ids: dict[str, str]) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    for run_id in run_ids.values():
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "FAILED")
+
+
+def _score_uri(uri: str, eval_set: EvalSet) -> float:
+    """NDCG@10 of an MLflow model on `eval_set` (the champion, when it was never measured there)."""
+    system = load_trained(uri)
+    queries, titles = eval_set.pairs()
+    return evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles)).mean("ndcg@10")
+
+
+def add_arguments(p) -> None:
+    """`dssm evaluate`'s options (argparse)."""
+    from dssm.judgments import add_judgment_options
+    from evaluation.systems import BASELINES
+
+    d = BaselineParams()
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="PATH_OR_URI",
+        help="a trained model: checkpoint file, `dssm train` out dir, or MLflow URI (models:/NAME@champion, "
+        "runs:/ID/model); repeat for several",
+    )
+    p.add_argument("--judgments", type=Path, required=True, help="judged set: CSV/TSV or a .zip holding one")
+    p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
+    p.add_argument(
+        "--baselines",
+        default="bm25",
+        help=f"comma-separated, from {','.join(BASELINES)} (default: %(default)s; bm25 is always included)",
+    )
+    p.add_argument(
+        "--all-queries",
+        action="store_true",
+        help="every query with enough judgments, not only PROTOCOL.md's test split (for a set no model trained on)",
+    )
+    p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
+    p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
+    p.add_argument("--relevant-at", type=float, help="label threshold for MRR/MAP (default: 3/4 up the scale)")
+    p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
+    p.add_argument("--experiment", help="MLflow experiment (default: the dataset name)")
+    p.add_argument("--no-register", dest="register", action="store_false", help="do not register trained models")
+    g = p.add_argument_group("baseline parameters")
+    g.add_argument("--bm25-k1", type=float, default=d.k1, help="(default: %(default)s)")
+    g.add_argument("--bm25-b", type=float, default=d.b, help="(default: %(default)s)")
+    g.add_argument("--ulm-mu", type=float, default=d.mu, help="Dirichlet prior (default: %(default)s)")
+    g.add_argument("--plsa-topics", type=int, default=d.topics, help="(default: %(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="doc2vec/PLSA seed (default: %(default)s)")
+    add_judgment_options(p)
+
+
+def config_from_args(args) -> EvaluateConfig:
+    from dssm.judgments import spec_from_args
+    from evaluation.systems import parse_baselines
+
+    params = BaselineParams(args.bm25_k1, args.bm25_b, args.ulm_mu, args.plsa_topics, seed=args.seed)
+    return EvaluateConfig(
+        judgments=args.judgments,
+        out=args.out,
+        models=args.model,
+        baselines=parse_baselines(args.baselines),
+        spec=spec_from_args(args),
+        dataset=args.dataset,
+        all_queries=args.all_queries,
+        relevant_at=args.relevant_at,
+        min_label=args.min_label,
+        mlflow_uri=args.mlflow_uri,
+        experiment=args.experiment,
+        register=args.register,
+        baseline_params=params,
+    )

@@ -1,0 +1,146 @@
+"""The trained model as an MLflow pyfunc model, its registration, and the champion gate.
+
+The pyfunc takes a DataFrame with `query` and `title` text columns and returns a `score` column
+(cosine of the two towers); with params {"output": "query_embedding"} or {"output":
+"title_embedding"} it returns an `embedding` column from the query or title tower instead.
+The gate moves the `champion` alias to a new version only when it beats the current champion's
+NDCG@10 on the same evaluation set (same judged file, same split).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+from modeling.checkpoint import read_checkpoint
+
+log = logging.getLogger(__name__)
+CHAMPION = "champion"
+OUTPUTS = ("score", "query_embedding", "title_embedding")
+ROOT = Path(__file__).resolve().parent.parent
+SIGNATURE = ModelSignature(
+    inputs=Schema([ColSpec("string", "query", required=False), ColSpec("string", "title", required=False)]),
+    outputs=Schema([ColSpec("double", "score")]),
+    params=ParamSchema([ParamSpec("output", "string", "score")]),
+)
+
+
+class TwoTowerModel(mlflow.pyfunc.PythonModel):
+    """Scores (query, title) pairs, or embeds one side, with a `dssm train` checkpoint."""
+
+    def load_context(self, context) -> None:
+        from evaluation.neural import TwoTowerEmbedder
+
+        self.checkpoint_path = Path(context.artifacts["checkpoint"])
+        self.embedder = TwoTowerEmbedder(self.checkpoint_path)
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        output = (params or {}).get("output", "score")
+        if output not in OUTPUTS:
+            raise MlflowException.invalid_parameter_value(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+        needed = {"score": ["query", "title"], "query_embedding": ["query"], "title_embedding": ["title"]}[output]
+        missing = [c for c in needed if c not in model_input.columns]
+        if missing:
+            raise MlflowException.invalid_parameter_value(f"output={output} needs column(s) {', '.join(missing)}")
+        texts = {c: model_input[c].fillna("").astype(str).tolist() for c in needed}
+        if output == "score":
+            return pd.DataFrame({"score": self.embedder.score(texts["query"], texts["title"])})
+        tower = "query" if output == "query_embedding" else "doc"
+        vectors = self.embedder.embed(texts[needed[0]], tower)
+        return pd.DataFrame({"embedding": [v.astype(np.float64).tolist() for v in vectors]})
+
+
+def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
+    """The checkpoint without optimiser state: what serving needs, a third of the bytes."""
+    state = read_checkpoint(checkpoint)
+    keep = {k: state[k] for k in ("config", "vocab", "model", "step", "dataset_sha256", "mlflow_run_id") if k in state}
+    torch.save(keep, dest)
+    return dest
+
+
+def log_model(checkpoint: Path, registered_name: str | None) -> tuple[str, str | None]:
+    """Log the model into the active run (and register it); returns (model URI, registered version)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        slim = slim_checkpoint(checkpoint, Path(tmp) / "model.pt")
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=TwoTowerModel(),
+            artifacts={"checkpoint": str(slim)},
+            code_paths=[str(ROOT / p) for p in ("dssm", "modeling", "evaluation")],
+            signature=SIGNATURE,
+            input_example=pd.DataFrame({"query": ["cordless drill"], "title": ["dewalt 20-volt cordless drill kit"]}),
+            pip_requirements=_requirements(),
+            registered_model_name=registered_name,
+        )
+    version = str(info.registered_model_version) if registered_name and info.registered_model_version else None
+    return info.model_uri, version
+
+
+def _requirements() -> list[str]:
+    """Pinned from this environment, so MLflow does not spend a subprocess inferring them."""
+    from importlib.metadata import version
+
+    pins = [f"{p}=={version(p)}" for p in ("numpy", "pandas", "pyarrow", "scipy", "mlflow")]
+    return [f"torch=={torch.__version__.split('+')[0]}", *pins]
+
+
+@dataclass
+class GateDecision:
+    promoted: bool
+    version: str
+    ndcg10: float
+    champion_version: str | None
+    champion_ndcg10: float | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def champion_gate(
+    client: mlflow.MlflowClient,
+    name: str,
+    version: str,
+    ndcg10: float,
+    eval_key: str,
+    score_champion: Callable[[str], float],
+) -> GateDecision:
+    """Move `champion` to `version` iff its NDCG@10 beats the champion's on the same eval set.
+
+    Each version remembers its NDCG@10 per eval set in a tag; a champion never measured on this
+    eval set is scored now with `score_champion(models:/name@champion)`."""
+    tag = f"ndcg_at_10.{eval_key}"
+    client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    if champion is None:
+        client.set_registered_model_alias(name, CHAMPION, version)
+        return GateDecision(True, version, ndcg10, None, None, "no champion yet")
+    if champion.version == version:
+        return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
+    known = champion.tags.get(tag)
+    if known is None:
+        champion_ndcg = score_champion(f"models:/{name}@{CHAMPION}")
+        client.set_model_version_tag(name, champion.version, tag, f"{champion_ndcg:.6f}")
+    else:
+        champion_ndcg = float(known)
+    if ndcg10 > champion_ndcg:
+        client.set_registered_model_alias(name, CHAMPION, version)
+        reason = f"NDCG@10 {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
+        return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
+    reason = f"NDCG@10 {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
+    return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)

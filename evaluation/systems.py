@@ -1,0 +1,122 @@
+"""The systems `dssm evaluate` compares: baselines by name, trained models by checkpoint or MLflow URI.
+
+A system is anything with `score(queries, titles) -> np.ndarray` over aligned pairs, plus the
+name, kind and parameters it is reported and logged under.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from dssm.artifacts import sha256_file
+from dssm.errors import DssmError
+from dssm.judgments import JudgedPair
+from evaluation import lexical, neural
+
+log = logging.getLogger(__name__)
+
+BASELINES = ("bm25", "doc2vec", "ulm", "plsa", "minilm")
+
+
+class Scorer(Protocol):
+    def score(self, queries: list[str], titles: list[str]) -> np.ndarray: ...
+
+
+@dataclass
+class System:
+    name: str
+    kind: str  # "baseline" or "trained"
+    scorer: Scorer
+    params: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    checkpoint: Path | None = None  # a trained model's checkpoint file, for the MLflow model
+
+
+@dataclass(frozen=True)
+class BaselineParams:
+    k1: float = 1.2
+    b: float = 0.75
+    mu: float = 100.0  # ULM's Dirichlet prior
+    topics: int = 50  # PLSA
+    plsa_iterations: int = 30
+    seed: int = 0
+
+
+def build_baseline(name: str, judged: list[JudgedPair], params: BaselineParams = BaselineParams()) -> System:
+    """A baseline fitted on the judged set's text (titles; doc2vec also queries), never its labels."""
+    titles = [p.title for p in judged]
+    if name in ("bm25", "ulm", "plsa"):
+        collection = lexical.Collection(titles)
+    if name == "bm25":
+        return System(name, "baseline", lexical.BM25(collection, params.k1, params.b), {"k1": params.k1, "b": params.b})
+    if name == "ulm":
+        return System(name, "baseline", lexical.UnigramLM(collection, params.mu), {"mu": params.mu})
+    if name == "plsa":
+        scorer = lexical.PLSA(collection, params.topics, params.plsa_iterations, params.seed)
+        return System(name, "baseline", scorer, {"topics": params.topics, "iterations": params.plsa_iterations})
+    if name == "doc2vec":
+        scorer = neural.Doc2VecEmbedder(titles + [p.query for p in judged], seed=params.seed)
+        return System(name, "baseline", scorer, {"vector_size": 100, "window": 5, "epochs": 30, "seed": params.seed})
+    if name == "minilm":
+        return System(name, "baseline", neural.MiniLMEmbedder(), {"model": "all-MiniLM-L6-v2"})
+    raise DssmError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
+
+
+def parse_baselines(spec: str) -> list[str]:
+    names = [n.strip() for n in spec.split(",") if n.strip()] if spec else []
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise DssmError(f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}")
+    return list(dict.fromkeys(names))
+
+
+def load_trained(spec: str) -> System:
+    """A trained model from a checkpoint file or run directory, or an MLflow model URI (models:/…, runs:/…)."""
+    if "://" in spec or spec.startswith(("models:/", "runs:/")):
+        return _from_mlflow(spec)
+    path = Path(spec)
+    checkpoint = path / "last.pt" if path.is_dir() else path
+    if not checkpoint.exists():
+        raise DssmError(f"--model {spec}: no checkpoint there (expected a .pt file or a `dssm train` out dir)")
+    embedder = neural.TwoTowerEmbedder(checkpoint)
+    from modeling.checkpoint import read_checkpoint
+
+    state = read_checkpoint(checkpoint)
+    tags = {
+        "checkpoint_sha256": sha256_file(checkpoint),
+        "train_dataset_sha256": str(state.get("dataset_sha256", "")),
+        "train_run_id": str(state.get("mlflow_run_id") or ""),
+        "train_step": str(state.get("step", "")),
+    }
+    return System(embedder.encoder_name, "trained", embedder, embedder.cfg.flat(), tags, checkpoint.resolve())
+
+
+def _from_mlflow(uri: str) -> System:
+    import mlflow
+
+    try:
+        model = mlflow.pyfunc.load_model(uri)
+    except Exception as e:  # MLflow raises several types for a bad URI or a missing model
+        raise DssmError(f"--model {uri}: cannot load the MLflow model ({type(e).__name__}: {e})") from None
+    inner = model.unwrap_python_model()
+    embedder = getattr(inner, "embedder", None)
+    if embedder is None:
+        raise DssmError(f"--model {uri}: not a dssm two-tower model")
+    tags = {"model_uri": uri, "train_run_id": str(model.metadata.run_id or "")}
+    return System(embedder.encoder_name, "trained", embedder, embedder.cfg.flat(), tags, inner.checkpoint_path)
+
+
+def unique_names(systems: list[System]) -> None:
+    """Two models of the same encoder get a short suffix so their rows and runs stay apart."""
+    seen: dict[str, int] = {}
+    for s in systems:
+        if s.name in seen:
+            key = s.tags.get("checkpoint_sha256") or s.tags.get("model_uri") or str(len(seen))
+            s.name = f"{s.name}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
+        seen[s.name] = 1

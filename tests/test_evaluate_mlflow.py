@@ -1,0 +1,179 @@
+"""`dssm evaluate` against a real `mlflow server` process: runs, the pyfunc model loaded in a fresh
+process, the registry and the champion gate; and against the default local store."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS
+
+from dssm.cli import main as dssm_main
+from dssm.text import is_test_query
+from evaluation.neural import TwoTowerEmbedder
+from evaluation.registry import champion_gate
+from modeling.config import load_config
+from modeling.train import resolve_paths, train
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real tracking server on 127.0.0.1: sqlite backend, artifacts served from a local root."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def tiny_model(data: Path, out: Path, *overrides: str) -> Path:
+    cfg = load_config(None, ["model.ncell=8", "data.batch_size=16", "threads=1", f"out={out}", *overrides])
+    resolve_paths(cfg, data)
+    cfg.mlflow_uri = f"sqlite:///{out.parent}/train.db"
+    train(cfg)
+    return out
+
+
+def write_judged(path: Path, test: bool = True) -> Path:
+    """Queries `attribute product` from the tiny domain; two titles of the product (label 3), four of others (1)."""
+    queries = [f"{a} {p}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES if is_test_query(f"{a} {p}") == test]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["search_term", "product_title", "relevance"])
+        for i, q in enumerate(queries):
+            product = q.split()[1]
+            others = [p for p in TINY_PRODUCTS if p != product]
+            for j in range(4):
+                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j) % 8]} {others[(i + j) % len(others)]} kit", 1])
+            for j in range(2):
+                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j + 3) % 8]} {product} pro", 3])
+    return path
+
+
+def evaluate(*args: str) -> dict:
+    assert dssm_main(["evaluate", *args]) == 0
+    out = Path(args[args.index("--out") + 1])
+    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
+
+
+def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data, tmp_path):
+    good = tiny_model(tiny_data, tmp_path / "good", "epochs=3")
+    judged = write_judged(tmp_path / "judged.csv")
+    common = ["--judgments", str(judged), "--mlflow-uri", mlflow_server, "--dataset", "tiny", "--encoding", "utf-8"]
+    report = evaluate("--model", str(good), "--out", str(tmp_path / "r1"), "--baselines", "bm25,ulm", *common)
+
+    assert set(report["systems"]) == {"bm25", "ulm", "lstm"}
+    assert report["dataset"] == "tiny" and len(report["dataset_sha256"]) == 64
+    assert report["eval_pairs"] == 6 * report["eval_queries"]
+    lstm = report["systems"]["lstm"]
+    assert lstm["ndcg@10"] > 80  # the product word decides relevance here (random order: ~65)
+    for name in ("report.json", "report.md", "ndcg.png", "qrels.txt", "runs/lstm.run"):
+        assert (tmp_path / "r1" / name).is_file()
+
+    client = mlflow.MlflowClient(mlflow_server)
+    run = client.get_run(lstm["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["system"] == "lstm" and run.data.tags["dataset"] == "tiny"
+    assert run.data.tags["dataset_sha256"] == report["dataset_sha256"] and run.data.tags["code_version"]
+    assert run.data.metrics["ndcg_at_10"] == pytest.approx(lstm["ndcg@10"], abs=1e-3)
+    assert client.get_experiment(run.info.experiment_id).name == "tiny"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.json", "report.md", "ndcg.png", "runs"} <= artifacts
+    bm25_run = client.get_run(report["systems"]["bm25"]["mlflow_run_id"])
+    assert bm25_run.data.tags["kind"] == "baseline" and bm25_run.data.params["k1"] == "1.2"
+    assert report["gate"][0]["promoted"] and report["gate"][0]["reason"] == "no champion yet"
+    assert client.get_model_version_by_alias("dssm-tiny", "champion").version == "1"
+
+    # the registered model, loaded in a fresh process, scores like the checkpoint does
+    queries, titles = ["cordless drill", "white lamp"], ["steel drill kit", "brass rug pro"]
+    embedder = TwoTowerEmbedder(good / "last.pt")
+    expected = embedder.score(queries, titles)
+    script = (
+        "import sys, json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({mlflow_server!r})\n"
+        "m = mlflow.pyfunc.load_model('models:/dssm-tiny@champion')\n"
+        f"df = pd.DataFrame({{'query': {queries!r}, 'title': {titles!r}}})\n"
+        "emb = m.predict(df[['query']], params={'output': 'query_embedding'})['embedding']\n"
+        "print(json.dumps({'score': m.predict(df)['score'].tolist(), 'dim': len(emb[0]),\n"
+        "                  'inputs': [c['name'] for c in m.metadata.get_input_schema().to_dict()]}))\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(loaded["score"], expected, atol=1e-5)
+    assert loaded["dim"] == embedder.model.dim and loaded["inputs"] == ["query", "title"]
+
+    # a barely trained model, on another split: the champion is scored there too and keeps the alias
+    weak = tiny_model(tiny_data, tmp_path / "weak", "max_steps=1")
+    report2 = evaluate("--model", str(weak), "--out", str(tmp_path / "r2"), "--all-queries", *common)
+    gate = report2["gate"][0]
+    assert not gate["promoted"] and gate["version"] == "2" and gate["champion_version"] == "1"
+    assert gate["champion_ndcg10"] > gate["ndcg10"]
+    assert client.get_model_version_by_alias("dssm-tiny", "champion").version == "1"
+    v1 = client.get_model_version("dssm-tiny", "1")
+    assert any(k.startswith("ndcg_at_10.") for k in v1.tags)  # measured once, remembered per eval set
+
+    # a version that beats the champion on the same eval set takes the alias
+    key = client.get_run(report2["systems"]["lstm"]["mlflow_run_id"]).data.tags["eval_key"]
+    decision = champion_gate(client, "dssm-tiny", "2", gate["champion_ndcg10"] + 1, key, lambda uri: 0.0)
+    assert decision.promoted and client.get_model_version_by_alias("dssm-tiny", "champion").version == "2"
+
+
+def test_evaluate_defaults_to_a_local_store_beside_the_report(tmp_path, capsys):
+    judged = write_judged(tmp_path / "judged.csv")
+    report = evaluate("--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "report"))
+    assert list(report["systems"]) == ["bm25"] and report["gate"] == []
+    assert "| bm25 |" in capsys.readouterr().out
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(report["systems"]["bm25"]["mlflow_run_id"])
+    assert run.data.tags["dataset"] == f"{tmp_path.name}-judged"
+    assert (tmp_path / "mlartifacts").is_dir()
+
+
+def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
+    judged = write_judged(tmp_path / "judged.csv")
+    args = ["evaluate", "--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "r")]
+    assert dssm_main([*args, "--model", str(tmp_path / "nowhere")]) == 2
+    assert "no checkpoint there" in capsys.readouterr().err
+    assert dssm_main([*args, "--baselines", "bm25,word2vec"]) == 2
+    assert "unknown baseline(s) word2vec" in capsys.readouterr().err
+    assert dssm_main([*args, "--query-col", "q"]) == 2
+    assert "missing column(s) q" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
