@@ -145,6 +145,25 @@ def _run_train(args: argparse.Namespace, work: Path) -> dict:
     return train(cfg, resume=True)
 
 
+def _run_evaluate(args: argparse.Namespace, work: Path, checkpoint: Path) -> dict:
+    """The pipeline's evaluate stage: the trained model and the baselines on the judged set's test queries."""
+    from evaluation.evaluate import EvaluateConfig, evaluate
+    from evaluation.systems import parse_baselines
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    judged = args.judgments or DEFAULT_CATALOGUE
+    cfg = EvaluateConfig(
+        judgments=Path(judged),
+        out=work / "eval",
+        models=[str(checkpoint)],
+        baselines=parse_baselines(args.baselines),
+        spec=spec_from_args(args),
+        dataset="default-catalogue" if args.judgments is None else None,
+        force=args.force,
+    )
+    return evaluate(cfg)
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from jobs.clean import clean
     from jobs.negatives import NegativesConfig, negatives
@@ -170,10 +189,18 @@ def cmd_run(args: argparse.Namespace) -> None:
     t = time.time()
     trained = _run_train(args, work)
     stages["train"] = time.time() - t
+    t = time.time()
+    report = _run_evaluate(args, work, Path(trained["checkpoint"]))
+    stages["evaluate"] = time.time() - t
     from dssm.artifacts import read_manifest
 
     print(f"\npipeline finished in {time.time() - started:.0f}s; outputs under {work}/:")
     for stage, seconds in stages.items():
+        if stage == "evaluate":
+            shown = ", ".join(f"{name} NDCG@10 {s['ndcg@10']:.1f}" for name, s in report["systems"].items())
+            gate = "; ".join(g["reason"] for g in report["gate"])
+            print(f"  {stage:<10} {seconds:6.1f}s  {work / 'eval'}  ({shown}{'; ' + gate if gate else ''})")
+            continue
         if stage == "train":
             val = "n/a" if trained["valid_loss"] is None else f"{trained['valid_loss']:.4f}"
             print(
@@ -343,13 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
-        help="the whole pipeline: simulate -> clean -> vocab -> negatives -> train",
-        description="Run every stage into --workdir; finished stages with unchanged inputs are "
-        "skipped (an unfinished training run resumes). Without --judgments it uses the embedded "
+        help="the whole pipeline: simulate -> clean -> vocab -> negatives -> train -> evaluate",
+        description="Run every stage into --workdir, ending with the trained model and --baselines evaluated "
+        "on the judged set's test queries (report in WORKDIR/eval, runs in WORKDIR/mlflow.db); finished stages "
+        "with unchanged inputs are skipped (an unfinished training run resumes). Without --judgments it uses the embedded "
         "default catalogue.",
     )
     p.add_argument("--workdir", type=Path, default=Path("work"), help="where stage outputs go (default: %(default)s)")
     p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
+    p.add_argument(
+        "--baselines",
+        default="bm25",
+        help="baselines evaluated beside the trained model (bm25,doc2vec,ulm,plsa,minilm; default: %(default)s)",
+    )
     p.add_argument(
         "--train",
         nargs="*",

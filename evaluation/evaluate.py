@@ -8,12 +8,12 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dssm
-from dssm.artifacts import atomic_dir, sha256_file
+from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, sha256_file, write_manifest
 from dssm.judgments import JudgedSetSpec, read_judgments
 from dssm.tracking import experiment_id, local_store
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, dataset_name, evaluate_scores
@@ -33,20 +33,29 @@ class EvaluateConfig:
     spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
     dataset: str | None = None  # default: from the file path (dataset_name)
     all_queries: bool = False
+    dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
     relevant_at: float | None = None
     min_label: float | None = None
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
     experiment: str | None = None  # default: the dataset name
     register: bool = True
+    force: bool = False  # evaluate even when --out already holds this evaluation
     baseline_params: BaselineParams = field(default_factory=BaselineParams)
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Run the evaluation; returns report.json's content plus the gate decisions."""
     started = time.perf_counter()
+    uri = cfg.mlflow_uri or local_store(Path(cfg.out).resolve().parent)
+    key = _input_key(cfg, uri)
+    if not cfg.force and is_up_to_date(Path(cfg.out), key):
+        log.info("evaluate: %s is up to date (same judged set, models and settings); skipped", cfg.out)
+        report = json.loads((Path(cfg.out) / "report.json").read_text())
+        return report | {"gate": json.loads((Path(cfg.out) / "gate.json").read_text()), "skipped": True}
     pairs = read_judgments(cfg.judgments, cfg.spec)
     name = cfg.dataset or dataset_name(cfg.judgments)
-    eval_set = build_eval_set(pairs, name, sha256_file(cfg.judgments), cfg.all_queries, cfg.min_label, cfg.spec)
+    only = dev_queries(cfg.dev) if cfg.dev else None
+    eval_set = build_eval_set(pairs, name, sha256_file(cfg.judgments), cfg.all_queries, cfg.min_label, cfg.spec, only)
     threshold = default_threshold(eval_set) if cfg.relevant_at is None else cfg.relevant_at
     log.info("%s: %d queries, %d judged pairs", name, len(eval_set.queries), eval_set.n_pairs)
 
@@ -63,18 +72,43 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
         log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-    uri = cfg.mlflow_uri or local_store(Path(cfg.out).resolve().parent)
     run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results)
     try:
         with atomic_dir(cfg.out) as tmp:
             report = write_report(tmp, eval_set, results, threshold, run_ids)
         report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, Path(cfg.out))
         (Path(cfg.out) / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
+        write_manifest(Path(cfg.out), {"stage": "evaluate", "input_key": key, "mlflow_uri": uri})
     except BaseException:
         _fail_runs(uri, run_ids)
         raise
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def _input_key(cfg: EvaluateConfig, uri: str) -> str:
+    """What determines an evaluation: the judged file, the model files, every setting, the store."""
+    models = {}
+    for m in cfg.models:
+        path = Path(m) / "last.pt" if Path(m).is_dir() else Path(m)
+        models[m] = sha256_file(path) if path.is_file() else m  # an MLflow URI stands for itself
+    inputs = {"judgments": sha256_file(cfg.judgments) if Path(cfg.judgments).is_file() else str(cfg.judgments)}
+    inputs |= {f"model:{m}": h for m, h in models.items()}
+    if cfg.dev:
+        inputs["dev"] = (read_manifest(Path(cfg.dev)) or {}).get("content_sha256", str(cfg.dev))
+    params = {k: str(v) for k, v in asdict(cfg).items() if k not in ("judgments", "out", "models", "force")}
+    return input_key("evaluate", inputs, params | {"mlflow_uri": uri})
+
+
+def dev_queries(negatives: Path) -> set[str]:
+    """The validation queries of a `dssm negatives` output: train queries whose clicks the model never
+    trained on, so their labels may be used for tuning (PROTOCOL.md §3 forbids only test labels)."""
+    import pyarrow.parquet as pq
+
+    from dssm.artifacts import require_manifest
+
+    require_manifest(negatives, "negatives")
+    return set(pq.read_table(Path(negatives) / "valid", columns=["query"]).column("query").to_pylist())
 
 
 def build_timed(name: str, pairs, params: BaselineParams) -> System:
@@ -85,9 +119,9 @@ def build_timed(name: str, pairs, params: BaselineParams) -> System:
 
 
 def eval_key(eval_set: EvalSet) -> str:
-    """Names an evaluation set: same judged file and same split give the same key."""
-    split = "all" if eval_set.all_queries else "test"
-    return hashlib.sha256(f"{eval_set.sha256}:{split}:{eval_set.min_label}".encode()).hexdigest()[:16]
+    """Names an evaluation set: same judged file, split and queries give the same key."""
+    qids = ",".join(q.qid for q in eval_set.queries)
+    return hashlib.sha256(f"{eval_set.sha256}:{eval_set.min_label}:{qids}".encode()).hexdigest()[:16]
 
 
 def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
@@ -95,7 +129,7 @@ def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
         "dataset": eval_set.name,
         "dataset_sha256": eval_set.sha256,
         "eval_key": eval_key(eval_set),
-        "split": "all" if eval_set.all_queries else "test",
+        "split": eval_set.split,
         "system": system.name,
         "kind": system.kind,
         "code_version": dssm.__version__,
@@ -200,12 +234,19 @@ def add_arguments(p) -> None:
         action="store_true",
         help="every query with enough judgments, not only PROTOCOL.md's test split (for a set no model trained on)",
     )
+    p.add_argument(
+        "--dev",
+        type=Path,
+        metavar="NEGATIVES_DIR",
+        help="evaluate on the validation queries of this `dssm negatives` output instead (for tuning)",
+    )
     p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
     p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
     p.add_argument("--relevant-at", type=float, help="label threshold for MRR/MAP (default: 3/4 up the scale)")
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", help="MLflow experiment (default: the dataset name)")
     p.add_argument("--no-register", dest="register", action="store_false", help="do not register trained models")
+    p.add_argument("--force", action="store_true", help="evaluate again even if --out holds this evaluation")
     g = p.add_argument_group("baseline parameters")
     g.add_argument("--bm25-k1", type=float, default=d.k1, help="(default: %(default)s)")
     g.add_argument("--bm25-b", type=float, default=d.b, help="(default: %(default)s)")
@@ -228,10 +269,12 @@ def config_from_args(args) -> EvaluateConfig:
         spec=spec_from_args(args),
         dataset=args.dataset,
         all_queries=args.all_queries,
+        dev=args.dev,
         relevant_at=args.relevant_at,
         min_label=args.min_label,
         mlflow_uri=args.mlflow_uri,
         experiment=args.experiment,
         register=args.register,
+        force=args.force,
         baseline_params=params,
     )

@@ -40,6 +40,11 @@ class EvalSet:
     queries: list[EvalQuery]
     all_queries: bool = False
     spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
+    restricted: bool = False  # built from an explicit query list (a dev split)
+
+    @property
+    def split(self) -> str:
+        return "dev" if self.restricted else "all" if self.all_queries else "test"
 
     @property
     def n_pairs(self) -> int:
@@ -108,7 +113,7 @@ def build_eval_set(
             f"{name}: no {which} with at least {MIN_TITLES} judged titles and {MIN_DISTINCT_LABELS} distinct labels"
         )
     bottom = min(p.label for p in pairs) if min_label is None else min_label
-    return EvalSet(name, sha256, float(bottom), queries, all_queries, spec or JudgedSetSpec())
+    return EvalSet(name, sha256, float(bottom), queries, all_queries, spec or JudgedSetSpec(), only is not None)
 
 
 def load_eval_set(

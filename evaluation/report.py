@@ -34,7 +34,7 @@ def summarise(eval_set: EvalSet, results: list[SystemResult], relevant_at: float
         "dataset_sha256": eval_set.sha256,
         "eval_queries": len(eval_set.queries),
         "eval_pairs": eval_set.n_pairs,
-        "split": "all" if eval_set.all_queries else "test",
+        "split": eval_set.split,
         "relevant_at": relevant_at,
         "systems": systems,
     }

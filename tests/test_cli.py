@@ -1,5 +1,6 @@
 """The `dssm` command as a user runs it: help text, one-line errors, non-zero exits."""
 
+import json
 import logging
 import subprocess
 import sys
@@ -82,11 +83,14 @@ def test_run_chains_every_stage_and_a_rerun_skips_them(spark, tmp_path, capsys, 
         assert (tmp_path / "w" / stage / "manifest.json").exists()
         assert str(tmp_path / "w" / stage) in out
     assert f"{tmp_path / 'w' / 'train' / 'lstm' / 'last.pt'}  (steps" in out
+    report = json.loads((tmp_path / "w" / "eval" / "report.json").read_text())
+    assert set(report["systems"]) == {"bm25", "lstm"} and report["dataset"] == "default-catalogue"
+    assert f"{tmp_path / 'w' / 'eval'}  (bm25 NDCG@10" in out and "no champion yet" in out
     caplog.clear()
     caplog.set_level(logging.INFO)
     assert main(args) == 0
     skipped = [r.getMessage() for r in caplog.records if "up to date" in r.getMessage()]
-    assert len(skipped) == 4
+    assert len(skipped) == 5  # four data stages and the evaluation
     assert any("already trained" in r.getMessage() for r in caplog.records)
     # another training config retrains instead of resuming
     caplog.clear()
