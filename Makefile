@@ -4,7 +4,7 @@ VENV := .venv
 READY := $(VENV)/.ready
 ARGS ?=
 
-.PHONY: run test lint bench clean-work
+.PHONY: run test lint bench table4 clean-work
 
 $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(READY)
 
 bench: $(READY)
 	$(VENV)/bin/python benchmarks/jobs_bench.py $(ARGS)
+
+## table4: Palangi et al.'s Table IV on Home Depot from the raw judged file (needs ../shared/data)
+table4: $(READY)
+	$(VENV)/bin/python benchmarks/homedepot_table4.py $(ARGS)
 
 clean-work:
 	rm -rf work

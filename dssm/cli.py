@@ -373,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the whole pipeline: simulate -> clean -> vocab -> negatives -> train -> evaluate",
         description="Run every stage into --workdir, ending with the trained model and --baselines evaluated "
         "on the judged set's test queries (report in WORKDIR/eval, runs in WORKDIR/mlflow.db); finished stages "
-        "with unchanged inputs are skipped (an unfinished training run resumes). Without --judgments it uses the embedded "
-        "default catalogue.",
+        "with unchanged inputs are skipped (an unfinished training run resumes). Without --judgments it uses "
+        "the embedded default catalogue.",
     )
     p.add_argument("--workdir", type=Path, default=Path("work"), help="where stage outputs go (default: %(default)s)")
     p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")

@@ -9,6 +9,7 @@ import torch
 
 from dssm.errors import DssmError
 from modeling.config import ENCODERS, LossConfig, ModelConfig, OptimConfig, load_config
+from modeling.data import pair_weights
 from modeling.encoders import build_encoder
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss
@@ -158,6 +159,14 @@ def test_loss_is_equation_5():
     torch.testing.assert_close(click_loss(q, d, cfg), expected)
     with_batch = click_loss(q, d, LossConfig(gamma=10.0, in_batch_negatives=True))
     assert with_batch > expected  # the other row's clicked title is one more negative
+    # weighted by clicks: a row clicked three times counts three times
+    per_row = -torch.log_softmax(10 * cos, 1)[:, 0]
+    weights = pair_weights([("q", "p", [], 3, 10), ("q", "p", [], 1, 2)], "clicks")
+    torch.testing.assert_close(click_loss(q, d, cfg, weights), (3 * per_row[0] + per_row[1]) / 4)
+    rows = [("q", "p", [], 3, 10), ("q", "p", [], 1, 2)]
+    torch.testing.assert_close(pair_weights(rows, "ctr"), torch.tensor([0.3, 0.5]))
+    torch.testing.assert_close(pair_weights(rows, "log_clicks"), torch.log1p(torch.tensor([3.0, 1.0])))
+    torch.testing.assert_close(pair_weights(rows, "none"), torch.ones(2))
 
 
 def test_momentum_schedule_is_the_papers():
