@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import dssm
+from dssm.artifacts import read_manifest
 from dssm.errors import DssmError
 from dssm.judgments import add_judgment_options, spec_from_args
 
@@ -44,46 +45,13 @@ def _add_simulate_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-gzip", dest="gzip", action="store_false", help="write plain .jsonl")
 
 
-def _source(args: argparse.Namespace):
-    """The judged pairs and a description of where they came from (for manifests)."""
-    from dssm.artifacts import sha256_file
-    from dssm.judgments import read_judgments
-    from jobs.catalogue import DEFAULT_CATALOGUE
-
-    path = args.judgments or DEFAULT_CATALOGUE
-    spec = spec_from_args(args)
-    pairs = read_judgments(path, spec)
-    source = {
-        "path": str(path),
-        "sha256": sha256_file(Path(path)),
-        "spec": vars(spec),
-        "embedded_default": args.judgments is None,
-    }
-    return pairs, source
-
-
-def _simulation_config(args: argparse.Namespace):
-    from jobs.simulate import SimulationConfig
-
-    return SimulationConfig(
-        impressions=args.impressions, seed=args.seed, shards=args.shards, workers=args.workers, gzip=args.gzip
-    )
-
-
-def _run_simulate(args: argparse.Namespace, out: Path) -> dict:
-    from tqdm import tqdm
-
-    from jobs.simulate import simulate
-
-    pairs, source = _source(args)
-    cfg = _simulation_config(args)
-    with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
-        return simulate(pairs, out, cfg, source, progress=bar.update, force=args.force)
-
-
 def cmd_simulate(args: argparse.Namespace) -> None:
-    m = _run_simulate(args, args.out)
-    c = m["counts"]
+    from flows.stages import simulate_stage
+
+    settings = {"impressions": args.impressions, "seed": args.seed, "shards": args.shards, "workers": args.workers}
+    judged = str(args.judgments) if args.judgments else None
+    simulate_stage(args.out, judged, spec_from_args(args), settings | {"gzip": args.gzip}, args.force)
+    c = read_manifest(args.out)["counts"]
     print(
         f"simulated {c['impressions']:,} impressions ({c['lines']:,} lines) of {c['train_queries']:,} train queries "
         f"-> {args.out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {args.out / 'test_pairs.parquet'}"
@@ -128,90 +96,50 @@ def cmd_negatives(args: argparse.Namespace) -> None:
     print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")
 
 
-def _run_train(args: argparse.Namespace, work: Path) -> dict:
-    """The pipeline's train stage: resume an unfinished run, skip a finished one, retrain when the
-    data or the config changed."""
-    import shutil
+def run_parameters(args: argparse.Namespace) -> dict:
+    """`dssm run`/`dssm schedule` options as the retrain flow's parameters."""
+    return {
+        "workdir": str(args.workdir),
+        "judgments": str(args.judgments) if args.judgments else None,
+        "query_col": args.query_col,
+        "title_col": args.title_col,
+        "label_col": args.label_col,
+        "encoding": args.encoding,
+        "logs": args.logs,
+        "impressions": args.impressions,
+        "seed": args.seed,
+        "shards": args.shards,
+        "workers": args.workers,
+        "negatives_per_pair": args.n,
+        "train_overrides": list(args.train),
+        "nproc": args.nproc,
+        "baselines": [b.strip() for b in args.baselines.split(",") if b.strip()],
+        "mlflow_uri": args.mlflow_uri,
+        "spark_master": args.master,
+        "force": args.force,
+    }
 
-    from modeling.config import load_config
-    from modeling.train import resolve_paths, stale_run, train
 
-    cfg = load_config(None, args.train)
-    resolve_paths(cfg, work)
-    why = "--force" if args.force else stale_run(cfg)
-    if why and Path(cfg.out).exists():
-        log.info("train: %s; training %s afresh", why, cfg.out)
-        shutil.rmtree(cfg.out)
-    return train(cfg, resume=True)
-
-
-def _run_evaluate(args: argparse.Namespace, work: Path, checkpoint: Path) -> dict:
-    """The pipeline's evaluate stage: the trained model and the baselines on the judged set's test queries."""
-    from evaluation.evaluate import EvaluateConfig, evaluate
-    from evaluation.systems import parse_baselines
-    from jobs.catalogue import DEFAULT_CATALOGUE
-
-    judged = args.judgments or DEFAULT_CATALOGUE
-    cfg = EvaluateConfig(
-        judgments=Path(judged),
-        out=work / "eval",
-        models=[str(checkpoint)],
-        baselines=parse_baselines(args.baselines),
-        spec=spec_from_args(args),
-        dataset="default-catalogue" if args.judgments is None else None,
-        force=args.force,
-    )
-    return evaluate(cfg)
+def _number(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from jobs.clean import clean
-    from jobs.negatives import NegativesConfig, negatives
-    from jobs.spark import get_spark
-    from jobs.vocab import vocab
+    from flows.retrain import retrain
 
-    work: Path = args.workdir
-    stages = {}
     started = time.time()
-    t = time.time()
-    _run_simulate(args, work / "simulate")
-    stages["simulate"] = time.time() - t
-    spark = get_spark(args.master, "dssm-run")
-    t = time.time()
-    clean(spark, str(work / "simulate"), work / "clean", force=args.force)
-    stages["clean"] = time.time() - t
-    t = time.time()
-    vocab(spark, work / "clean", work / "vocab", force=args.force)
-    stages["vocab"] = time.time() - t
-    t = time.time()
-    negatives(spark, work / "clean", work / "negatives", NegativesConfig(n=args.n), force=args.force)
-    stages["negatives"] = time.time() - t
-    t = time.time()
-    trained = _run_train(args, work)
-    stages["train"] = time.time() - t
-    t = time.time()
-    report = _run_evaluate(args, work, Path(trained["checkpoint"]))
-    stages["evaluate"] = time.time() - t
-    from dssm.artifacts import read_manifest
-
-    print(f"\npipeline finished in {time.time() - started:.0f}s; outputs under {work}/:")
-    for stage, seconds in stages.items():
-        if stage == "evaluate":
-            shown = ", ".join(f"{name} NDCG@10 {s['ndcg@10']:.1f}" for name, s in report["systems"].items())
-            gate = "; ".join(g["reason"] for g in report["gate"])
-            print(f"  {stage:<10} {seconds:6.1f}s  {work / 'eval'}  ({shown}{'; ' + gate if gate else ''})")
-            continue
-        if stage == "train":
-            val = "n/a" if trained["valid_loss"] is None else f"{trained['valid_loss']:.4f}"
-            print(
-                f"  {stage:<10} {seconds:6.1f}s  {trained['checkpoint']}  (steps {trained['steps']:,}, "
-                f"validation loss {val}, MLflow run {trained['mlflow_run_id']})"
-            )
-            continue
-        counts = read_manifest(work / stage)["counts"]
-        sizes = {k: v.get("size") if isinstance(v, dict) else v for k, v in counts.items()}
-        shown = ", ".join(f"{k} {v:,}" for k, v in sizes.items() if isinstance(v, int))
-        print(f"  {stage:<10} {seconds:6.1f}s  {work / stage}  ({shown})")
+    summary = retrain(**run_parameters(args))
+    work: Path = args.workdir
+    if (work / "eval" / "report.md").exists() and "systems" in summary:
+        print("\n" + (work / "eval" / "report.md").read_text(), end="")
+    print(f"\npipeline finished in {time.time() - started:.0f}s (flow run {summary['pipeline']['flow_run_id']}):")
+    for out in summary["pipeline"]["stages"]:
+        state = "skipped " if out["skipped"] else f"{out['seconds']:6.1f}s "
+        shown = ", ".join(f"{k} {_number(v)}" for k, v in out["counts"].items())
+        print(f"  {out['stage']:<10} {state} {out['path']}  ({shown})")
+    for gate in summary.get("gate", []):
+        print(f"  {gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+    print(f"report: {work / 'report.json'}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -370,19 +298,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
-        help="the whole pipeline: simulate -> clean -> vocab -> negatives -> train -> evaluate",
-        description="Run every stage into --workdir, ending with the trained model and --baselines evaluated "
-        "on the judged set's test queries (report in WORKDIR/eval, runs in WORKDIR/mlflow.db); finished stages "
-        "with unchanged inputs are skipped (an unfinished training run resumes). Without --judgments it uses "
-        "the embedded default catalogue.",
+        help="the retrain flow, ad hoc: simulate -> clean -> vocab -> negatives -> train -> evaluate",
+        description="Run the Prefect retrain flow (docs/flows.md) into --workdir: every stage, ending with the "
+        "trained model and --baselines evaluated on the judged set's test queries, the model registered and the "
+        "champion alias moved through the validation gate. Prints the comparison table and writes "
+        "WORKDIR/report.json. Finished stages with unchanged inputs are skipped; a killed or failed run, run "
+        "again, resumes (training from its last checkpoint). Without --judgments it uses the embedded catalogue.",
     )
+    _add_run_options(p)
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    from jobs.negatives import NegativesConfig
+
     p.add_argument("--workdir", type=Path, default=Path("work"), help="where stage outputs go (default: %(default)s)")
-    p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
     p.add_argument(
-        "--baselines",
-        default="bm25",
-        help="baselines evaluated beside the trained model (bm25,doc2vec,ulm,plsa,minilm; default: %(default)s)",
+        "--logs", help="raw click logs to ingest instead of simulating (file, dir or glob; docs/raw-log-format.md)"
     )
+    p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
     p.add_argument(
         "--train",
         nargs="*",
@@ -390,10 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="training config overrides, e.g. --train model.encoder=rnn epochs=3 (docs/training.md)",
     )
+    p.add_argument(
+        "--nproc", type=int, default=0, help="training processes under torchrun (default: one per GPU, else 1)"
+    )
+    p.add_argument(
+        "--baselines",
+        default="bm25",
+        help="baselines evaluated beside the trained model (bm25,doc2vec,ulm,plsa,minilm; default: %(default)s)",
+    )
+    p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: sqlite store WORKDIR/mlflow.db)")
     _add_spark_options(p)
     _add_simulate_options(p)
-    p.set_defaults(func=cmd_run)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("py4j", "pyspark"):
+    for noisy in ("py4j", "pyspark", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)

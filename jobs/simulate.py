@@ -29,9 +29,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, write_manifest
+from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, sha256_file, write_manifest
 from dssm.errors import DssmError
-from dssm.judgments import JudgedPair
+from dssm.judgments import JudgedPair, JudgedSetSpec, read_judgments
 from dssm.text import is_test_query, norm
 from jobs.rawlog import FORMAT_VERSION
 from jobs.schemas import TEST_PAIRS
@@ -355,6 +355,16 @@ def write_test_pairs(test: list[JudgedPair], path: Path) -> None:
         schema=TEST_PAIRS,
     )
     pq.write_table(table, path)
+
+
+def judged_source(path: Path | None, spec: JudgedSetSpec) -> tuple[list[JudgedPair], dict[str, Any]]:
+    """The judged pairs of `path` (default: the embedded catalogue) and where they came from, for manifests."""
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    chosen = Path(path) if path is not None else DEFAULT_CATALOGUE
+    pairs = read_judgments(chosen, spec)
+    source = {"path": str(chosen), "sha256": sha256_file(chosen), "spec": asdict(spec)}
+    return pairs, source | {"embedded_default": path is None}
 
 
 def simulate(

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from dssm.errors import DssmError
+from dssm.errors import TransientError
 from jobs.schemas import check_parquet
 
 DEFAULT_CONF: dict[str, str] = {
@@ -50,7 +50,7 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     try:
         spark = builder.getOrCreate()
     except Exception as e:  # py4j/JVM start-up failures arrive as many exception types
-        raise DssmError(
+        raise TransientError(
             f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}"
         ) from None
     spark.sparkContext.setLogLevel("ERROR")

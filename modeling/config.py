@@ -79,7 +79,8 @@ class TrainConfig:
     threads: int = 0  # torch threads per rank (0: CPUs / ranks)
     device: str = "auto"  # auto | cpu | cuda
     mlflow_uri: str = ""  # default: sqlite under the run directory's parent (the work dir)
-    experiment: str = "dssm-train"
+    experiment: str = "dssm-train"  # the retrain flow sets the dataset's experiment
+    dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
     run_name: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -219,6 +219,8 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
         "device": device.type,
         "code_version": neg_manifest.get("code_version", ""),
     }
+    if cfg.dataset:
+        tags["dataset"] = cfg.dataset
     tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags)
     valid = validation_rows(negatives, cfg.data.max_valid_rows) if d.main else []
 
@@ -261,6 +263,8 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             device,
             out,
         )
+        if step:
+            log.info("resuming from step %d (checkpoint %s)", step, out / LAST)
     from tqdm import tqdm
 
     bar = tqdm(

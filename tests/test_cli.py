@@ -1,7 +1,5 @@
 """The `dssm` command as a user runs it: help text, one-line errors, non-zero exits."""
 
-import json
-import logging
 import subprocess
 import sys
 
@@ -12,7 +10,7 @@ from dssm.cli import build_parser, main
 
 def test_every_subcommand_has_help(capsys):
     parser = build_parser()
-    for command in ["simulate", "clean", "vocab", "negatives", "train", "run"]:
+    for command in ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "run", "schedule", "stack"]:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args([command, "--help"])
         assert exit_.value.code == 0
@@ -61,38 +59,3 @@ def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
     assert errors == [errors[0]] and "no usable impression" in errors[0] and "invalid_json 5" in errors[0]
     assert "Traceback" not in proc.stderr and "at org.apache" not in proc.stderr
     assert not (tmp_path / "o").exists()
-
-
-def test_run_chains_every_stage_and_a_rerun_skips_them(spark, tmp_path, capsys, caplog):
-    args = [
-        "run",
-        "--workdir",
-        str(tmp_path / "w"),
-        "--impressions",
-        "5_000",
-        "--workers",
-        "1",
-        "--train",
-        "data.batch_size=64",
-        "epochs=2",
-        "model.ncell=16",
-    ]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    for stage in ["simulate", "clean", "vocab", "negatives"]:
-        assert (tmp_path / "w" / stage / "manifest.json").exists()
-        assert str(tmp_path / "w" / stage) in out
-    assert f"{tmp_path / 'w' / 'train' / 'lstm' / 'last.pt'}  (steps" in out
-    report = json.loads((tmp_path / "w" / "eval" / "report.json").read_text())
-    assert set(report["systems"]) == {"bm25", "lstm"} and report["dataset"] == "default-catalogue"
-    assert f"{tmp_path / 'w' / 'eval'}  (bm25 NDCG@10" in out and "no champion yet" in out
-    caplog.clear()
-    caplog.set_level(logging.INFO)
-    assert main(args) == 0
-    skipped = [r.getMessage() for r in caplog.records if "up to date" in r.getMessage()]
-    assert len(skipped) == 5  # four data stages and the evaluation
-    assert any("already trained" in r.getMessage() for r in caplog.records)
-    # another training config retrains instead of resuming
-    caplog.clear()
-    assert main([*args, "model.ncell=8"]) == 0
-    assert any("the training config changed; training" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,135 @@
+"""The retrain flow as `dssm run` starts it: real Prefect flow runs (ephemeral API), real Spark,
+real training and MLflow; a run killed mid-training resumes; a failing stage fails the flow run."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dssm.cli import main
+from flows.retrain import retrain  # noqa: F401  (Prefect configures logging on import: before caplog, not after)
+
+TINY_RUN = ["--impressions", "5_000", "--workers", "1"]
+TINY_TRAIN = ["data.batch_size=64", "model.ncell=16"]
+
+
+def flow_run(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)
+
+
+def latest_flow_run(flow_name: str = "retrain"):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])), sort=FlowRunSort.START_TIME_DESC, limit=1
+        )
+    return runs[0]
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"dssm run exited ({proc.returncode}) before {path} appeared")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear within {timeout}s")
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, capsys, caplog):
+    work = tmp_path / "w"
+    # Enough steps that the kill lands mid-training; a checkpoint every 10 steps.
+    train = [*TINY_TRAIN, "epochs=60", "checkpoint_every=10", "eval_every=1000"]
+    args = ["run", "--workdir", str(work), *TINY_RUN, "--train", *train]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dssm.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own group: the kill takes Spark and the ephemeral Prefect server with it
+    )
+    try:
+        wait_for(work / "train" / "lstm" / "last.pt", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (work / "eval").exists() and not (work / "report.json").exists()
+
+    caplog.set_level(logging.INFO)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming from step")]
+    assert len(resumed) == 1 and int(resumed[0].split()[3]) >= 10
+
+    summary = json.loads((work / "report.json").read_text())
+    assert set(summary["systems"]) == {"bm25", "lstm"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
+    stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
+    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate"]
+    assert all(stages[s]["skipped"] for s in ["simulate", "clean", "vocab", "negatives"])
+    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
+    assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
+    assert "| lstm |" in out and f"report: {work / 'report.json'}" in out
+    assert flow_run(summary["pipeline"]["flow_run_id"]).state.is_completed()
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")
+    by_system = {}
+    for run in runs:
+        by_system.setdefault(run.data.tags["system"], []).append(run)
+    # one training run (the resumed run continues it) and one evaluation run per system
+    assert sorted((k, len(v)) for k, v in by_system.items()) == [("bm25", 1), ("lstm", 2)]
+    assert all(r.data.tags["dataset"] == "default-catalogue" for r in runs)
+    train_run = stages["train"]["counts"]["mlflow_run_id"]
+    assert train_run in {r.info.run_id for r in by_system["lstm"]}
+    assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version in (1, "1")
+
+
+def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, capsys):
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("this is not a log\n" * 5)
+    work = tmp_path / "w"
+    assert main(["run", "--workdir", str(work), "--logs", str(garbage)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors[-1].startswith(f"dssm run: error: stage clean failed on {garbage}: ")
+    assert "no usable impression" in errors[-1]
+    run = latest_flow_run()
+    assert run.state.is_failed() and "stage clean failed" in run.state.message
+    assert not (work / "clean").exists() and not (work / "report.json").exists()
+
+
+def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_torchrun(tiny_data, tmp_path, caplog):
+    import shutil
+
+    from flows.stages import train_stage
+
+    work = tmp_path / "w"
+    shutil.copytree(tiny_data, work)
+    negatives = str(work / "negatives")
+    overrides = ["data.batch_size=16", "epochs=1", "model.ncell=8"]
+    first = train_stage(work, negatives, overrides, nproc=1, force=False)
+    assert not first.skipped and first.counts["steps"] == 6 and Path(first.path).exists()
+    again = train_stage(work, negatives, overrides, nproc=1, force=False)
+    assert again.skipped and again.sha256 == first.sha256
+    caplog.set_level(logging.INFO)
+    # another config: trained afresh, here by 2 gloo processes under torchrun
+    changed = train_stage(work, negatives, [*overrides, "model.ncell=4"], nproc=2, force=False)
+    assert any("the training config changed; training" in r.getMessage() for r in caplog.records)
+    assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
+    from modeling.checkpoint import read_checkpoint
+
+    state = read_checkpoint(Path(changed.path))
+    assert state["config"]["model"]["ncell"] == 4 and state["step"] == 6
