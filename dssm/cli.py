@@ -142,6 +142,47 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"report: {work / 'report.json'}")
 
 
+def cmd_schedule(args: argparse.Namespace) -> None:
+    from flows.schedule import serve_retrain
+
+    serve_retrain(args.name, args.cron, run_parameters(args), args.timezone)
+
+
+def cmd_stack(args: argparse.Namespace) -> None:
+    from infra import stack
+
+    if args.action == "up":
+        cfg = stack.StackConfig(
+            root=args.dir,
+            prefect_port=args.prefect_port,
+            mlflow_port=args.mlflow_port,
+            spark_port=args.spark_port,
+            spark_ui_port=args.spark_ui_port,
+            spark_worker_ui_port=args.spark_worker_ui_port,
+            mlflow_backend=args.mlflow_backend,
+        )
+        state = stack.up(cfg)
+        print('stack up; point a shell at it with:  eval "$(dssm stack env)"')
+        for name, url in state["urls"].items():
+            print(f"  {name:<9} {url}")
+    elif args.action == "down":
+        stack.down(args.dir)
+    elif args.action == "status":
+        health = stack.status(args.dir)
+        if not health:
+            raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
+        for name, ok in health.items():
+            print(f"{name:<13} {'healthy' if ok else 'DOWN'}")
+        if not all(health.values()):
+            raise DssmError("some services are down (their logs are in " + str(args.dir / "logs") + ")")
+    else:
+        state = stack.read_state(args.dir)
+        if state is None:
+            raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
+        for key, value in stack.environment(state["urls"]).items():
+            print(f"export {key}={value}")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from modeling.train import config_from_args, launch, train
 
@@ -307,6 +348,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "schedule",
+        help="serve the retrain flow as a deployment with a cron schedule (needs a Prefect server)",
+        description="Register deployment retrain/NAME with a cron schedule on the Prefect server in $PREFECT_API_URL "
+        "(e.g. `dssm stack up`) and run its scheduled flow runs until stopped (Ctrl-C pauses the schedule). "
+        "Takes the same stage options as `dssm run`; they become the deployment's parameters. See docs/flows.md.",
+    )
+    p.add_argument("--cron", required=True, help='cron expression, e.g. "0 3 * * *" (03:00 every day)')
+    p.add_argument("--timezone", default="UTC", help="the cron expression's time zone (default: %(default)s)")
+    p.add_argument("--name", default="scheduled", help="deployment name (default: %(default)s)")
+    _add_run_options(p)
+    p.set_defaults(func=cmd_schedule)
+
+    from infra.stack import StackConfig
+
+    d = StackConfig()
+    p = sub.add_parser(
+        "stack",
+        help="start, stop or check the local stack: Prefect server, MLflow server, Spark master and worker",
+        description="`up` starts every service on 127.0.0.1 as a real process and waits for its health check; "
+        "`down` stops them; `status` checks them; `env` prints the exports that point `dssm run` at the stack "
+        '(eval "$(dssm stack env)"). See infra/README.md.',
+    )
+    p.add_argument("action", choices=["up", "down", "status", "env"])
+    p.add_argument("--dir", type=Path, default=d.root, help="state, data and logs of the stack (default: %(default)s)")
+    p.add_argument("--prefect-port", type=int, default=d.prefect_port, help="(default: %(default)s)")
+    p.add_argument("--mlflow-port", type=int, default=d.mlflow_port, help="(default: %(default)s)")
+    p.add_argument("--spark-port", type=int, default=d.spark_port, help="Spark master (default: %(default)s)")
+    p.add_argument("--spark-ui-port", type=int, default=d.spark_ui_port, help="(default: %(default)s)")
+    p.add_argument("--spark-worker-ui-port", type=int, default=d.spark_worker_ui_port, help="(default: %(default)s)")
+    p.add_argument(
+        "--mlflow-backend",
+        default="",
+        help="MLflow backend store URI (default: sqlite under --dir; e.g. postgresql://user:pw@host:5432/mlflow)",
+    )
+    p.set_defaults(func=cmd_stack)
     return parser
 
 

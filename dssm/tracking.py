@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -20,6 +21,7 @@ def experiment_id(tracking_uri: str, name: str) -> str:
     return mlflow.create_experiment(name, artifact_location=artifacts)
 
 
-def local_store(work: Path) -> str:
-    """The default tracking URI: a sqlite store in the work dir."""
-    return f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"
+def default_tracking_uri(work: Path) -> str:
+    """The default tracking URI: $MLFLOW_TRACKING_URI (e.g. the local stack's server), else a sqlite
+    store in the work dir."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"

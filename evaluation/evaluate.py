@@ -15,7 +15,7 @@ from typing import Any
 import dssm
 from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, sha256_file, write_manifest
 from dssm.judgments import JudgedSetSpec, read_judgments
-from dssm.tracking import experiment_id, local_store
+from dssm.tracking import default_tracking_uri, experiment_id
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, dataset_name, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -46,7 +46,7 @@ class EvaluateConfig:
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Run the evaluation; returns report.json's content plus the gate decisions."""
     started = time.perf_counter()
-    uri = cfg.mlflow_uri or local_store(Path(cfg.out).resolve().parent)
+    uri = cfg.mlflow_uri or default_tracking_uri(Path(cfg.out).resolve().parent)
     key = _input_key(cfg, uri)
     if not cfg.force and is_up_to_date(Path(cfg.out), key):
         log.info("evaluate: %s is up to date (same judged set, models and settings); skipped", cfg.out)

@@ -132,15 +132,17 @@ def retrain(
     evaluate = judgments is not None or logs is None
     done: list[dict] = []
 
-    with tqdm(total=5 + (logs is None) + evaluate, desc="retrain", unit="stage", disable=None) as bar:
+    stage_count = 5 + (logs is None) + evaluate
+    bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
-        def finished(out: dict) -> dict:
-            done.append(out)
-            bar.update(1)
-            state = "up to date, skipped" if out["skipped"] else f"done in {out['seconds']:.1f}s"
-            logger.info("%s: %s -> %s (sha256 %s…)", out["stage"], state, out["path"], out["sha256"][:12])
-            return out
+    def finished(out: dict) -> dict:
+        done.append(out)
+        bar.update(1)
+        state = "up to date, skipped" if out["skipped"] else f"done in {out['seconds']:.1f}s"
+        logger.info("%s: %s -> %s (sha256 %s…)", out["stage"], state, out["path"], out["sha256"][:12])
+        return out
 
+    with stages.exclusive(work), bar:
         if logs is None:
             settings = {"impressions": impressions, "seed": seed, "shards": shards, "workers": workers}
             logs = finished(simulate_task(work, judgments, spec, settings, force))["path"]
@@ -156,7 +158,7 @@ def retrain(
             report = evaluated["report"]
         else:
             logger.warning("raw logs given without --judgments: nothing to evaluate on; evaluation skipped")
-    return write_summary(work, done, report)
+        return write_summary(work, done, report)
 
 
 def write_summary(work: Path, done: list[dict], report: dict | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,24 @@ def failing_as(stage: str, source: str | Path) -> Iterator[None]:
         raise
     except Exception as e:  # KeyboardInterrupt passes through: an interrupt is not a stage failure
         raise StageFailed(stage, str(source), e) from e
+
+
+@contextmanager
+def exclusive(work: Path) -> Iterator[None]:
+    """Hold WORKDIR/.lock for one run: two runs in one work dir would train into the same checkpoint."""
+    import fcntl
+
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise DssmError(f"{work} is in use by another run ({handle.read().strip() or 'unknown'})") from None
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
 
 
 def _manifest_id(out: Path) -> tuple[int, int] | None:

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dssm.artifacts import require_manifest
 from dssm.errors import DssmError
-from dssm.tracking import experiment_id, local_store
+from dssm.tracking import default_tracking_uri, experiment_id
 from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint
 from modeling.config import TrainConfig, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
@@ -70,7 +70,7 @@ def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
     cfg.data.negatives = cfg.data.negatives or str(work / "negatives")
     cfg.data.vocab = cfg.data.vocab or str(work / "vocab")
     cfg.out = cfg.out or str(work / "train" / cfg.model.encoder)
-    cfg.mlflow_uri = cfg.mlflow_uri or local_store(work)
+    cfg.mlflow_uri = cfg.mlflow_uri or default_tracking_uri(work)
 
 
 class Tracker:

@@ -1,0 +1,230 @@
+"""`dssm stack up|down|status|env`: the local stack on 127.0.0.1, each service a real process.
+
+Services: an MLflow tracking server (sqlite backend by default, or any SQLAlchemy URI such as
+PostgreSQL; artifacts served from a local root), a Prefect server, and a Spark standalone master
+and worker (launched from the pip pyspark package: no Spark download). Each runs in its own
+session with its log under STACK_DIR/logs/; STACK_DIR/stack.json records pids and URLs so
+`down` and `status` work from any later shell. `up` returns only when every health check passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dssm.errors import DssmError
+
+STATE = "stack.json"
+
+
+@dataclass
+class StackConfig:
+    root: Path = Path(".stack")
+    host: str = "127.0.0.1"
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    spark_port: int = 7077
+    spark_ui_port: int = 8080
+    spark_worker_ui_port: int = 8081
+    worker_cores: int = 2
+    worker_memory: str = "2g"
+    mlflow_backend: str = ""  # default: sqlite under STACK_DIR/mlflow; e.g. postgresql://user:pw@host/mlflow
+    timeout: float = 180  # seconds for every health check together
+
+    @property
+    def urls(self) -> dict[str, str]:
+        h = self.host
+        return {
+            "mlflow": f"http://{h}:{self.mlflow_port}",
+            "prefect": f"http://{h}:{self.prefect_port}/api",
+            "spark": f"spark://{h}:{self.spark_port}",
+            "spark_ui": f"http://{h}:{self.spark_ui_port}",
+        }
+
+
+def environment(urls: dict[str, str]) -> dict[str, str]:
+    """What a shell needs to point `dssm run` (and its flow runs) at the stack."""
+    return {
+        "PREFECT_API_URL": urls["prefect"],
+        "MLFLOW_TRACKING_URI": urls["mlflow"],
+        "DSSM_SPARK_MASTER": urls["spark"],
+    }
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=3) as response:
+        return json.loads(response.read() or b"null")
+
+
+def _ok(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except (OSError, ValueError):
+        return False
+
+
+def health_checks(urls: dict[str, str]) -> dict[str, Callable[[], bool]]:
+    spark_ui = urls["spark_ui"]
+    return {
+        "mlflow": lambda: urllib.request.urlopen(f"{urls['mlflow']}/health", timeout=3).status == 200,
+        "prefect": lambda: _get_json(f"{urls['prefect']}/health") is True,
+        "spark-master": lambda: _get_json(f"{spark_ui}/json/")["status"] == "ALIVE",
+        "spark-worker": lambda: _get_json(f"{spark_ui}/json/")["aliveworkers"] >= 1,
+    }
+
+
+def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
+    import pyspark
+
+    root = cfg.root.resolve()
+    bin_dir = Path(sys.executable).parent
+    spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+    backend = cfg.mlflow_backend or f"sqlite:///{root / 'mlflow' / 'mlflow.db'}"
+    spark_env = {
+        "SPARK_LOCAL_IP": cfg.host,
+        "SPARK_WORKER_DIR": str(root / "spark" / "work"),
+        "SPARK_LOG_DIR": str(root / "logs"),
+        "PYSPARK_PYTHON": sys.executable,  # executors run the project's parser: the same interpreter
+    }
+    return {
+        "mlflow": (
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+             "--artifacts-destination", str(root / "mlflow" / "artifacts"),
+             "--host", cfg.host, "--port", str(cfg.mlflow_port), "--workers", "1"],
+            {},
+        ),
+        "prefect": (
+            [str(bin_dir / "prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)],
+            {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+        ),
+        "spark-master": (
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", cfg.host,
+             "--port", str(cfg.spark_port), "--webui-port", str(cfg.spark_ui_port)],
+            spark_env,
+        ),
+        "spark-worker": (
+            [spark_class, "org.apache.spark.deploy.worker.Worker", cfg.urls["spark"],
+             "--cores", str(cfg.worker_cores), "--memory", cfg.worker_memory,
+             "--webui-port", str(cfg.spark_worker_ui_port)],
+            spark_env,
+        ),
+    }  # fmt: skip
+
+
+def read_state(root: Path) -> dict[str, Any] | None:
+    path = Path(root) / STATE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Start every service that is not already healthy and wait for all health checks."""
+    state = read_state(cfg.root)
+    if state is not None and all(status(cfg.root).values()):
+        progress(f"stack already up ({cfg.root / STATE})")
+        return state
+    if state is not None:
+        down(cfg.root, progress)
+    for sub in ("logs", "mlflow", "prefect", "spark/work"):
+        (cfg.root / sub).mkdir(parents=True, exist_ok=True)
+    checks = health_checks(cfg.urls)
+    busy = [name for name, check in checks.items() if _ok(check)]
+    if busy:
+        raise DssmError(f"something already answers where the stack's {', '.join(busy)} should start; change the port")
+    state = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "urls": cfg.urls, "services": {}}
+    deadline = time.monotonic() + cfg.timeout
+    try:
+        for name, (argv, extra_env) in _commands(cfg).items():
+            log_path = cfg.root.resolve() / "logs" / f"{name}.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    env={**os.environ, **extra_env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # outlives this command; `down` stops its whole group
+                )
+            state["services"][name] = {"pid": proc.pid, "log": str(log_path)}
+            _write_state(cfg.root, state)
+            progress(f"started {name} (pid {proc.pid}, log {log_path})")
+            if name == "spark-master":  # the worker registers with a running master
+                _wait(name, checks[name], proc, deadline, log_path)
+        for name, check in checks.items():
+            info = state["services"][name]
+            _wait(name, check, None, deadline, Path(info["log"]))
+            progress(f"{name}: healthy")
+    except BaseException:
+        down(cfg.root, lambda _: None)
+        raise
+    return state
+
+
+def _wait(name: str, check: Callable[[], bool], proc, deadline: float, log: Path) -> None:
+    while not _ok(check):
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            raise DssmError(f"stack: {name} did not become healthy; the end of {log}:\n{tail}")
+        time.sleep(0.5)
+
+
+def _write_state(root: Path, state: dict[str, Any]) -> None:
+    tmp = Path(root) / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, Path(root) / STATE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child that exited: reaped, gone
+            return False
+    except ChildProcessError:
+        pass  # started by another command: not ours to reap
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def down(root: Path, progress: Callable[[str], None] = print, grace: float = 20) -> list[str]:
+    """Stop the stack's services (SIGTERM to each process group, SIGKILL after `grace` seconds)."""
+    state = read_state(root)
+    if state is None:
+        progress(f"no stack recorded in {root}")
+        return []
+    stopped = []
+    for name, info in reversed(list(state["services"].items())):
+        pid = info["pid"]
+        if _alive(pid):
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:
+                    break
+                end = time.monotonic() + wait
+                while _alive(pid) and time.monotonic() < end:
+                    time.sleep(0.2)
+                if not _alive(pid):
+                    break
+        stopped.append(name)
+        progress(f"stopped {name}")
+    (Path(root) / STATE).unlink()
+    return stopped
+
+
+def status(root: Path) -> dict[str, bool]:
+    """Each recorded service: does its health check pass?"""
+    state = read_state(root)
+    if state is None:
+        return {}
+    checks = health_checks(state["urls"])
+    return {name: _ok(checks[name]) for name in state["services"]}

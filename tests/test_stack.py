@@ -1,0 +1,110 @@
+"""The local stack as real processes (Prefect server, MLflow server, Spark standalone master and
+worker), and scheduled retraining on it: `dssm schedule` registers a cron deployment, the Prefect
+server schedules a run, the runner executes the flow against the stack's Spark and MLflow."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from infra import stack
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> list | dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def wait_until(what: str, check, timeout: float, proc: subprocess.Popen, log) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s; dssm schedule said:\n{log.read_text()[-3000:]}")
+        time.sleep(2)
+
+
+def test_scheduled_retraining_runs_on_the_local_stack(tmp_path):
+    cfg = stack.StackConfig(
+        root=tmp_path / "stack",
+        prefect_port=free_port(),
+        mlflow_port=free_port(),
+        spark_port=free_port(),
+        spark_ui_port=free_port(),
+        spark_worker_ui_port=free_port(),
+    )
+    state = stack.up(cfg, progress=lambda _: None)
+    serve = None
+    try:
+        assert stack.status(cfg.root) == {n: True for n in ["mlflow", "prefect", "spark-master", "spark-worker"]}
+        env = {**os.environ, **stack.environment(state["urls"]), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+        work, log = tmp_path / "w", tmp_path / "schedule.log"
+        cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
+        cmd += ["--workdir", str(work), "--impressions", "5_000", "--workers", "1"]
+        cmd += ["--train", "data.batch_size=64", "epochs=2", "model.ncell=16"]
+        with open(log, "w") as out:
+            serve = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        api = state["urls"]["prefect"]
+
+        def deployment():
+            found = [d for d in post(f"{api}/deployments/filter", {}) if d["name"] == "ci-nightly"]
+            return found[0] if found else None
+
+        registered = wait_until("deployment registered", deployment, 120, serve, log)
+        assert [s["schedule"]["cron"] for s in registered["schedules"] if s["active"]] == ["* * * * *"]
+        assert registered["parameters"]["workdir"] == str(work)
+
+        def finished_run():
+            runs = post(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [registered["id"]]}}})
+            failed = [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")]
+            assert not failed, f"scheduled run {failed[0]['state_type']}: {failed[0]['state']['message']}"
+            return next((r for r in runs if r["state_type"] == "COMPLETED"), None)
+
+        run = wait_until("a scheduled run completed", finished_run, 420, serve, log)
+        assert run["auto_scheduled"] and run["parameters"]["workdir"] == str(work)
+
+        report = json.loads((work / "report.json").read_text())
+        assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {"bm25", "lstm"}
+        # the data stages ran on the stack's Spark master ...
+        with urllib.request.urlopen(f"{state['urls']['spark_ui']}/json/") as response:
+            spark_state = json.loads(response.read())
+        assert "dssm-run" in [app["name"] for app in spark_state["completedapps"] + spark_state["activeapps"]]
+        # ... and every run went to the stack's MLflow server
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
+        experiment = client.get_experiment_by_name("default-catalogue")
+        runs = client.search_runs([experiment.experiment_id])
+        assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm"]
+        assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
+    finally:
+        if serve is not None:
+            os.killpg(serve.pid, signal.SIGINT)
+            try:
+                serve.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+        stopped = stack.down(cfg.root, progress=lambda _: None)
+    assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
+    assert stack.status(cfg.root) == {}
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", cfg.prefect_port)) != 0
