@@ -4,7 +4,7 @@ VENV := .venv
 READY := $(VENV)/.ready
 ARGS ?=
 
-.PHONY: run test lint bench table4 clean-work
+.PHONY: run test lint bench table4 stack-up stack-down clean-work
 
 $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ bench: $(READY)
 ## table4: Palangi et al.'s Table IV on Home Depot from the raw judged file (needs ../shared/data)
 table4: $(READY)
 	$(VENV)/bin/python benchmarks/homedepot_table4.py $(ARGS)
+
+## stack-up / stack-down: the local stack (Prefect server, MLflow server, Spark master + worker); infra/README.md
+stack-up: $(READY)
+	$(VENV)/bin/dssm stack up $(ARGS)
+
+stack-down: $(READY)
+	$(VENV)/bin/dssm stack down $(ARGS)
 
 clean-work:
 	rm -rf work

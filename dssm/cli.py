@@ -111,6 +111,8 @@ def run_parameters(args: argparse.Namespace) -> dict:
         "shards": args.shards,
         "workers": args.workers,
         "negatives_per_pair": args.n,
+        "models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None,
+        "epochs": args.epochs,
         "train_overrides": list(args.train),
         "nproc": args.nproc,
         "baselines": [b.strip() for b in args.baselines.split(",") if b.strip()],
@@ -396,12 +398,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--logs", help="raw click logs to ingest instead of simulating (file, dir or glob; docs/raw-log-format.md)"
     )
     p.add_argument("-n", type=int, default=NegativesConfig().n, help="negatives per pair (default: %(default)s)")
+    p.add_argument("--models", help="encoders to train and evaluate side by side, e.g. lstm,rnn,dssm (default: lstm)")
+    p.add_argument("--epochs", type=int, help="training epochs (default: the training config's)")
     p.add_argument(
         "--train",
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="training config overrides, e.g. --train model.encoder=rnn epochs=3 (docs/training.md)",
+        help="training config overrides, e.g. --train optim.lr=0.05 loss.pair_weight=log_clicks (docs/training.md)",
     )
     p.add_argument(
         "--nproc", type=int, default=0, help="training processes under torchrun (default: one per GPU, else 1)"

@@ -21,7 +21,12 @@ def experiment_id(tracking_uri: str, name: str) -> str:
     return mlflow.create_experiment(name, artifact_location=artifacts)
 
 
+# Read once, at import: mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ, so
+# a later read would see whichever store this process last used, not what the user set.
+_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def default_tracking_uri(work: Path) -> str:
-    """The default tracking URI: $MLFLOW_TRACKING_URI (e.g. the local stack's server), else a sqlite
-    store in the work dir."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"
+    """The default tracking URI: $MLFLOW_TRACKING_URI as the command started with (e.g. the local
+    stack's server), else a sqlite store in the work dir."""
+    return _USER_TRACKING_URI or f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"

@@ -26,6 +26,7 @@ from prefect.tasks import exponential_backoff
 
 from dssm.errors import StageFailed
 from dssm.judgments import JudgedSetSpec
+from dssm.tracking import default_tracking_uri
 from flows import stages
 from jobs.simulate import SimulationConfig
 
@@ -78,14 +79,14 @@ def train_task(work: Path, negatives_dir: str, overrides: list[str], nproc: int,
 @task(name="evaluate", **_RETRIED)
 def evaluate_task(
     work: Path,
-    checkpoint: str,
+    checkpoints: list[str],
     judgments: str | None,
     spec: JudgedSetSpec,
     baselines: list[str],
     mlflow_uri: str | None,
     force: bool,
 ) -> dict:
-    out, report = stages.evaluate_stage(work, checkpoint, judgments, spec, baselines, mlflow_uri, force)
+    out, report = stages.evaluate_stage(work, checkpoints, judgments, spec, baselines, mlflow_uri, force)
     return {"stage": out.to_dict(), "report": report}
 
 
@@ -103,6 +104,8 @@ def retrain(
     shards: int = 0,
     workers: int = 0,
     negatives_per_pair: int = 4,
+    models: list[str] | None = None,
+    epochs: int | None = None,
     train_overrides: list[str] | None = None,
     nproc: int = 0,
     baselines: list[str] | None = None,
@@ -114,9 +117,11 @@ def retrain(
 
     judgments: the judged set to simulate logs from and to evaluate on (default: the embedded
     catalogue); logs: raw logs to ingest instead of simulating (evaluation then needs `judgments`);
-    train_overrides: training config KEY=VALUE overrides; nproc: training processes (0: one per GPU,
-    else 1); baselines: evaluated beside the model (default bm25); mlflow_uri: default the sqlite
-    store WORKDIR/mlflow.db; spark_master: default $DSSM_SPARK_MASTER or local[*].
+    models: encoders to train and evaluate side by side (default: the config's, lstm); epochs:
+    training epochs (default: the config's); train_overrides: training config KEY=VALUE overrides;
+    nproc: training processes (0: one per GPU, else 1); baselines: evaluated beside the models
+    (default bm25); mlflow_uri: default $MLFLOW_TRACKING_URI, else the sqlite store
+    WORKDIR/mlflow.db; spark_master: default $DSSM_SPARK_MASTER, else local[*].
     """
     from tqdm import tqdm
 
@@ -125,14 +130,17 @@ def retrain(
     spec = JudgedSetSpec(query_col, title_col, label_col, encoding)
     dataset = stages.dataset_of(judgments)
     nproc = nproc or stages.default_nproc()
-    overrides = [f"experiment={dataset}", f"dataset={dataset}"]
-    if mlflow_uri:
-        overrides.append(f"mlflow_uri={mlflow_uri}")
+    mlflow_uri = mlflow_uri or default_tracking_uri(work)  # one store for every stage
+    overrides = [f"experiment={dataset}", f"dataset={dataset}", f"mlflow_uri={mlflow_uri}"]
+    if epochs is not None:
+        overrides.append(f"epochs={epochs}")
     overrides += list(train_overrides or [])
+    # model.encoder last: --models wins over an encoder in --train
+    per_model = {m: [*overrides, f"model.encoder={m}"] for m in models} if models else {"model": overrides}
     evaluate = judgments is not None or logs is None
     done: list[dict] = []
 
-    stage_count = 5 + (logs is None) + evaluate
+    stage_count = 4 + len(per_model) + (logs is None) + evaluate
     bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
     def finished(out: dict) -> dict:
@@ -150,10 +158,13 @@ def retrain(
         vocab = finished(vocab_task(work, cleaned["path"], spark_master, force))
         negatives = finished(negatives_task(work, cleaned["path"], negatives_per_pair, spark_master, force))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
-        trained = finished(train_task(work, negatives["path"], overrides, nproc, force))
+        checkpoints = []
+        for name, model_overrides in per_model.items():
+            train_one = train_task.with_options(task_run_name=f"train-{name}")
+            checkpoints.append(finished(train_one(work, negatives["path"], model_overrides, nproc, force))["path"])
         report = None
         if evaluate:
-            evaluated = evaluate_task(work, trained["path"], judgments, spec, baselines or ["bm25"], mlflow_uri, force)
+            evaluated = evaluate_task(work, checkpoints, judgments, spec, baselines or ["bm25"], mlflow_uri, force)
             finished(evaluated["stage"])
             report = evaluated["report"]
         else:

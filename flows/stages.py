@@ -201,7 +201,7 @@ def train_stage(work: Path, negatives_dir: str, overrides: list[str], nproc: int
 
 def evaluate_stage(
     work: Path,
-    checkpoint: str,
+    checkpoints: list[str],
     judgments: str | None,
     spec: JudgedSetSpec,
     baselines: list[str],
@@ -215,12 +215,12 @@ def evaluate_stage(
     out = work / "eval"
     before = _manifest_id(out)
     started = time.perf_counter()
-    with failing_as("evaluate", checkpoint):
+    with failing_as("evaluate", ", ".join(checkpoints)):
         report = evaluate(
             EvaluateConfig(
                 judgments=Path(judgments or DEFAULT_CATALOGUE),
                 out=out,
-                models=[checkpoint],
+                models=list(checkpoints),
                 baselines=parse_baselines(",".join(baselines)),
                 spec=spec,
                 dataset=dataset_of(judgments),

@@ -11,6 +11,18 @@ SHARED_DATA = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().p
 HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
 
 
+@pytest.fixture(autouse=True)
+def _keep_mlflow_tracking_env():
+    """mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ; without this, a test that
+    used a (since stopped) tracking server would hand that URI to every later subprocess."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def spark():
     from jobs.spark import get_spark
