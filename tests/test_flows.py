@@ -52,7 +52,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, capsys, caplog):
     work = tmp_path / "w"
     # Enough steps that the kill lands mid-training; a checkpoint every 10 steps.
-    train = [*TINY_TRAIN, "epochs=60", "checkpoint_every=10", "eval_every=1000"]
+    train = [*TINY_TRAIN, "epochs=20", "checkpoint_every=10", "eval_every=1000"]
     args = ["run", "--workdir", str(work), *TINY_RUN, "--train", *train]
     proc = subprocess.Popen(
         [sys.executable, "-m", "dssm.cli", *args],
