@@ -185,6 +185,13 @@ def cmd_stack(args: argparse.Namespace) -> None:
             print(f"export {key}={value}")
 
 
+def cmd_analyze(args: argparse.Namespace) -> None:
+    from analysis.lstm import analyze
+
+    report = analyze(args.model, args.text, args.out, args.tower, args.top, args.threshold)
+    print(f"analysis of {len(args.text)} text(s) -> {report}")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from modeling.train import config_from_args, launch, train
 
@@ -338,6 +345,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_evaluate_arguments(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "analyze",
+        help="what a trained LSTM-RNN reads: gate/cell heatmaps, most active cells, keyword counts",
+        description="For each --text, plot the input gate, cell state, output gate and output of the chosen tower "
+        "word by word (Palangi et al. Figs. 4-6) and count, per word, how many of the most active cells it moves "
+        "(Table I); writes OUT/analysis.md with the PNGs. Recurrent encoders only (lstm, bilstm, lstm_avg).",
+    )
+    p.add_argument("--model", type=Path, required=True, help="a checkpoint or a training run directory")
+    p.add_argument("--text", action="append", default=[], help="a query or title to analyse (repeatable)")
+    p.add_argument("--tower", choices=["query", "doc"], default="query", help="(default: %(default)s)")
+    p.add_argument("--top", type=int, default=10, help="most active cells considered (default: %(default)s)")
+    p.add_argument(
+        "--threshold", type=float, default=0.1, help="a cell moves when |Δy| exceeds this (default: %(default)s)"
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
         "run",

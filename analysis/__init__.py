@@ -1,0 +1,1 @@
+"""Analysis of trained models: what the LSTM-RNN reads word by word (docs/analysis.md)."""
