@@ -213,29 +213,28 @@ def evaluate_stage(
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     out = work / "eval"
-    before = _manifest_id(out)
-    started = time.perf_counter()
-    with failing_as("evaluate", ", ".join(checkpoints)):
-        report = evaluate(
-            EvaluateConfig(
-                judgments=Path(judgments or DEFAULT_CATALOGUE),
-                out=out,
-                models=list(checkpoints),
-                baselines=parse_baselines(",".join(baselines)),
-                spec=spec,
-                dataset=dataset_of(judgments),
-                mlflow_uri=mlflow_uri,
-                force=force,
+    reports: list[dict[str, Any]] = []
+
+    def job() -> dict[str, Any]:
+        reports.append(
+            evaluate(
+                EvaluateConfig(
+                    judgments=Path(judgments or DEFAULT_CATALOGUE),
+                    out=out,
+                    models=list(checkpoints),
+                    baselines=parse_baselines(",".join(baselines)),
+                    spec=spec,
+                    dataset=dataset_of(judgments),
+                    mlflow_uri=mlflow_uri,
+                    force=force,
+                )
             )
         )
-    stage = StageOutput(
-        stage="evaluate",
-        path=str(out),
-        sha256=read_manifest(out)["content_sha256"],
-        skipped=before is not None and before == _manifest_id(out),
-        seconds=round(time.perf_counter() - started, 2),
-        counts={"queries": report["eval_queries"], "pairs": report["eval_pairs"]},
-    )
+        return read_manifest(out)
+
+    stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
+    report = reports[0]
+    stage.counts = {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}
     return stage, report
 
 
