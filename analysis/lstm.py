@@ -18,48 +18,95 @@ from dssm.text import norm
 from modeling.hashing import Tokenizer
 from modeling.model import TwoTower
 
-RECURRENT = ("lstm", "bilstm", "lstm_avg")
+RECURRENT = ("lstm", "rnn", "bilstm", "lstm_avg")
+TRACE_BATCH = 256
 
 
 @dataclass
 class Trace:
     """One text through one tower: `words`, and per quantity (i, f, c, o, y; bw_* for the backward
-    direction) an array of shape (len(words), cells)."""
+    direction; y only for the RNN) an array of shape (len(words), cells), in word order."""
 
     text: str
     tower: str
     words: list[str]
     series: dict[str, np.ndarray]
 
+    @property
+    def bidirectional(self) -> bool:
+        return "bw_y" in self.series
 
-def trace_text(model: TwoTower, tokenizer: Tokenizer, text: str, tower: str = "query") -> Trace:
-    """Run `text` through the query or document tower and record its per-word internals."""
+
+@dataclass(frozen=True)
+class KeywordRule:
+    """When a word counts as read by a cell, and as a keyword (Tables I-II)."""
+
+    top: int = 10  # the most active cells considered
+    threshold: float = 0.25  # a cell moves when |Δy| > threshold × the text's largest |y| of those cells
+    share: float = 0.4  # a keyword moves more than this share of them (in both directions, if bidirectional)
+
+
+def trace_texts(model: TwoTower, tokenizer: Tokenizer, texts: list[str], tower: str = "query") -> list[Trace]:
+    """Run `texts` through the query or document tower and record each one's per-word internals."""
     encoder = {"query": model.query_encoder, "doc": model.doc_encoder}.get(tower)
     if encoder is None:
         raise DssmError(f"tower must be query or doc, not {tower!r}")
     if not hasattr(encoder, "forward_rnn"):
         raise DssmError(f"internals are recorded for {', '.join(RECURRENT)} encoders, not {type(encoder).__name__}")
-    normalised = norm(text)
-    words = normalised.split()[: tokenizer.max_words] or [""]
-    with torch.no_grad():
-        _, found = encoder(tokenizer.batch([normalised]), internals=True)
-    series = {name: value[0, : len(words)].float().numpy() for name, value in found.items()}
-    return Trace(text, tower, words, series)
+    traces = []
+    for start in range(0, len(texts), TRACE_BATCH):
+        chunk = texts[start : start + TRACE_BATCH]
+        normalised = [norm(t) for t in chunk]
+        with torch.no_grad():
+            _, found = encoder(tokenizer.batch(normalised), internals=True)
+        for row, (text, clean) in enumerate(zip(chunk, normalised, strict=True)):
+            words = clean.split()[: tokenizer.max_words] or [""]
+            series = {name: value[row, : len(words)].float().numpy() for name, value in found.items()}
+            traces.append(Trace(text, tower, words, series))
+    return traces
+
+
+def trace_text(model: TwoTower, tokenizer: Tokenizer, text: str, tower: str = "query") -> Trace:
+    return trace_texts(model, tokenizer, [text], tower)[0]
+
+
+def _final(name: str) -> int:
+    # The backward direction reads right to left: its final state is at the first word.
+    return 0 if name.startswith("bw_") else -1
 
 
 def top_cells(trace: Trace, k: int = 10, name: str = "y") -> np.ndarray:
-    """The k cells with the largest output at the last word (Fig. 6: the most active cells), largest first."""
-    last = trace.series[name][-1]
-    order = np.argsort(-last, kind="stable")
-    return order[:k]
+    """The k cells with the largest output at the end of reading (Fig. 6: the most active cells),
+    largest first; for bw_* the end is the first word."""
+    last = trace.series[name][_final(name)]
+    return np.argsort(-last, kind="stable")[:k]
+
+
+def moved_cells(trace: Trace, cells: np.ndarray, threshold: float, name: str = "y") -> np.ndarray:
+    """(words, len(cells)) booleans: does reading the word change the cell by more than `threshold`
+    times the largest |value| of these cells over the text? The state before reading the first word
+    (the last, for bw_*) is zero. Relative, because the scale of y differs between towers and
+    models (a cosine ignores it): a title tower's outputs can be a third of its query tower's."""
+    values = trace.series[name][:, cells]
+    zero = np.zeros((1, values.shape[1]), values.dtype)
+    before = np.vstack([values[1:], zero]) if name.startswith("bw_") else np.vstack([zero, values[:-1]])
+    scale = float(np.abs(values).max()) or 1.0
+    return np.abs(values - before) > threshold * scale
 
 
 def keyword_counts(trace: Trace, cells: np.ndarray, threshold: float, name: str = "y") -> np.ndarray:
-    """For each word, how many of `cells` change by more than `threshold` when the word is read
-    (Table I); the state before the first word is zero."""
-    values = trace.series[name][:, cells]
-    before = np.vstack([np.zeros((1, values.shape[1]), values.dtype), values[:-1]])
-    return (np.abs(values - before) > threshold).sum(axis=1)
+    """For each word, how many of `cells` it moves (`moved_cells`) when read (Table I)."""
+    return moved_cells(trace, cells, threshold, name).sum(axis=1)
+
+
+def keywords(trace: Trace, rule: KeywordRule = KeywordRule()) -> list[str]:
+    """Table II: the words that move more than `rule.share` of the `rule.top` most active cells; for
+    a bidirectional model, in both directions."""
+    limit = rule.share * rule.top
+    moved = keyword_counts(trace, top_cells(trace, rule.top), rule.threshold) > limit
+    if trace.bidirectional:
+        moved &= keyword_counts(trace, top_cells(trace, rule.top, "bw_y"), rule.threshold, "bw_y") > limit
+    return [w for w, m in zip(trace.words, moved, strict=True) if m]
 
 
 def plot_internals(trace: Trace, path: Path, names: tuple[str, ...] = ("i", "c", "o", "y")) -> Path:
@@ -102,30 +149,3 @@ def plot_top_cells(trace: Trace, cells: np.ndarray, path: Path, name: str = "y")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
-
-
-def analyze(
-    checkpoint: Path | str, texts: list[str], out: Path, tower: str = "query", top: int = 10, threshold: float = 0.1
-) -> Path:
-    """For each text: the gate/cell heatmaps, the most active cells, and the keyword counts, in
-    OUT/analysis.md with the PNGs beside it. Written atomically."""
-    from dssm.artifacts import atomic_dir
-    from modeling.checkpoint import load_model
-
-    model, tokenizer, _ = load_model(checkpoint)
-    if not texts:
-        raise DssmError("give at least one --text to analyse")
-    lines = [f"# What the model reads ({tower} tower of {checkpoint})", ""]
-    lines += [f"Keyword counts: how many of the {top} most active cells change by more than {threshold}", ""]
-    with atomic_dir(Path(out)) as tmp:
-        for n, text in enumerate(texts):
-            trace = trace_text(model, tokenizer, text, tower)
-            cells = top_cells(trace, top)
-            counts = keyword_counts(trace, cells, threshold)
-            plot_internals(trace, tmp / f"internals-{n}.png")
-            plot_top_cells(trace, cells, tmp / f"top-cells-{n}.png")
-            lines += [f"## {text}", "", "| word | " + " | ".join(trace.words) + " |"]
-            lines += ["|---" * (len(trace.words) + 1) + "|", "| cells moved | " + " | ".join(map(str, counts)) + " |"]
-            lines += ["", f"![internals](internals-{n}.png)", f"![top cells](top-cells-{n}.png)", ""]
-        (tmp / "analysis.md").write_text("\n".join(lines))
-    return Path(out) / "analysis.md"

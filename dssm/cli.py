@@ -60,7 +60,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 def cmd_clean(args: argparse.Namespace) -> None:
     from jobs.clean import CleanConfig, clean
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
 
     cfg = CleanConfig(
         bot_max_per_minute=args.bot_max_per_minute,
@@ -68,7 +68,7 @@ def cmd_clean(args: argparse.Namespace) -> None:
         bot_min_click_rate=args.bot_min_click_rate,
         max_malformed_rate=args.max_malformed_rate,
     )
-    m = clean(get_spark(args.master, "dssm-clean"), args.input, args.out, cfg, force=args.force)
+    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, cfg, force=args.force)
     c = m["counts"]
     print(
         f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
@@ -77,21 +77,21 @@ def cmd_clean(args: argparse.Namespace) -> None:
 
 
 def cmd_vocab(args: argparse.Namespace) -> None:
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
     from jobs.vocab import VocabConfig, vocab
 
     cfg = VocabConfig(args.min_count, args.max_size, args.word_min_count, args.word_max_size)
-    m = vocab(get_spark(args.master, "dssm-vocab"), args.clean, args.out, cfg, force=args.force)
+    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, cfg, force=args.force)
     c = m["counts"]
     print(f"{c['trigrams']['size']:,} trigrams, {c['words']['size']:,} words -> {args.out}")
 
 
 def cmd_negatives(args: argparse.Namespace) -> None:
     from jobs.negatives import NegativesConfig, negatives
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
 
     cfg = NegativesConfig(n=args.n, seed=args.seed, valid_fraction=args.valid_fraction, shards=args.shards)
-    m = negatives(get_spark(args.master, "dssm-negatives"), args.clean, args.out, cfg, force=args.force)
+    m = negatives(LazySpark(args.master, "dssm-negatives"), args.clean, args.out, cfg, force=args.force)
     c = m["counts"]
     print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")
 
@@ -118,6 +118,7 @@ def run_parameters(args: argparse.Namespace) -> dict:
         "baselines": [b.strip() for b in args.baselines.split(",") if b.strip()],
         "mlflow_uri": args.mlflow_uri,
         "spark_master": args.master,
+        "analyze": args.analyze,
         "force": args.force,
     }
 
@@ -186,10 +187,15 @@ def cmd_stack(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    from analysis.lstm import analyze
+    from analysis.report import REPORT, analyze, config_from_args
 
-    report = analyze(args.model, args.text, args.out, args.tower, args.top, args.threshold)
-    print(f"analysis of {len(args.text)} text(s) -> {report}")
+    cfg = config_from_args(args)
+    result = analyze(cfg)
+    state = "up to date, skipped" if result.get("skipped") else f"{result['seconds']:.0f}s"
+    print(f"analysis of {len(result['pairs'])} pair(s) -> {cfg.out / REPORT} ({state})")
+    if result.get("mlflow"):
+        logged = result["mlflow"]
+        print(f"logged to MLflow run {logged['run_id']} ({logged['tracking_uri']}) under analysis/")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -333,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
+    from analysis.report import add_arguments as add_analyze_arguments
     from evaluation.evaluate import add_arguments as add_evaluate_arguments
 
     p = sub.add_parser(
@@ -348,29 +355,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "analyze",
-        help="what a trained LSTM-RNN reads: gate/cell heatmaps, most active cells, keyword counts",
-        description="For each --text, plot the input gate, cell state, output gate and output of the chosen tower "
-        "word by word (Palangi et al. Figs. 4-6) and count, per word, how many of the most active cells it moves "
-        "(Table I); writes OUT/analysis.md with the PNGs. Recurrent encoders only (lstm, bilstm, lstm_avg).",
+        help="what a trained LSTM-RNN reads: gates and cells per word, keywords, topics, RNN vs LSTM, cost curves",
+        description="Palangi et al. section V-A for one trained recurrent model: per chosen query/title pair the "
+        "input gate, cell state, output gate and output word by word (Figs. 4-5), the most active cells (Fig. 6) "
+        "and the keywords (Tables I-II); over the judged set's test queries, the words the input gates attenuate "
+        "and the keywords each of the most active cells picks up (Table III); with --compare, a second model on "
+        "the same pairs (Tables V-VIII); both models' training cost from MLflow (Fig. 7); doc2vec's nearest words "
+        "with --probe. Writes OUT/analysis.md, analysis.json and PNGs, and logs them to the model's MLflow "
+        "training run. See docs/analysis.md.",
     )
-    p.add_argument("--model", type=Path, required=True, help="a checkpoint or a training run directory")
-    p.add_argument("--text", action="append", default=[], help="a query or title to analyse (repeatable)")
-    p.add_argument("--tower", choices=["query", "doc"], default="query", help="(default: %(default)s)")
-    p.add_argument("--top", type=int, default=10, help="most active cells considered (default: %(default)s)")
-    p.add_argument(
-        "--threshold", type=float, default=0.1, help="a cell moves when |Δy| exceeds this (default: %(default)s)"
-    )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
+    add_analyze_arguments(p)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser(
         "run",
-        help="the retrain flow, ad hoc: simulate -> clean -> vocab -> negatives -> train -> evaluate",
-        description="Run the Prefect retrain flow (docs/flows.md) into --workdir: every stage, ending with the "
-        "trained model and --baselines evaluated on the judged set's test queries, the model registered and the "
-        "champion alias moved through the validation gate. Prints the comparison table and writes "
-        "WORKDIR/report.json. Finished stages with unchanged inputs are skipped; a killed or failed run, run "
-        "again, resumes (training from its last checkpoint). Without --judgments it uses the embedded catalogue.",
+        help="the retrain flow, ad hoc: simulate -> clean -> vocab -> negatives -> train -> evaluate -> analyze",
+        description=(
+            "Run the Prefect retrain flow (docs/flows.md) into --workdir: every stage, ending with the trained "
+            "model and --baselines evaluated on the judged set's test queries, the model registered, the champion "
+            "alias moved through the validation gate, and the LSTM-RNN analysed (WORKDIR/analysis, "
+            "docs/analysis.md). Prints the comparison table and writes WORKDIR/report.json. Finished stages with "
+            "unchanged inputs are skipped; a killed or failed run, run again, resumes (training from its last "
+            "checkpoint). Without --judgments it uses the embedded catalogue."
+        ),
     )
     _add_run_options(p)
     p.set_defaults(func=cmd_run)
@@ -440,6 +447,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="baselines evaluated beside the trained model (bm25,doc2vec,ulm,plsa,minilm; default: %(default)s)",
     )
     p.add_argument("--mlflow-uri", help="MLflow tracking URI (default: sqlite store WORKDIR/mlflow.db)")
+    p.add_argument(
+        "--no-analyze",
+        dest="analyze",
+        action="store_false",
+        help="skip the last stage, `dssm analyze` of the trained LSTM-RNN into WORKDIR/analysis (docs/analysis.md)",
+    )
     _add_spark_options(p)
     _add_simulate_options(p)
 

@@ -1,4 +1,5 @@
-"""The `retrain` flow: simulate (or ingest) raw logs -> clean -> vocab -> negatives -> train -> evaluate.
+"""The `retrain` flow: simulate (or ingest) raw logs -> clean -> vocab -> negatives -> train -> evaluate
+-> analyze.
 
 Each stage is a Prefect task that gets paths and hands back a StageOutput (path + content hash),
 never a DataFrame or a session. Stages cache by input hash in their manifests, so a rerun with
@@ -90,7 +91,15 @@ def evaluate_task(
     return {"stage": out.to_dict(), "report": report}
 
 
-@flow(name="retrain", description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate")
+@task(name="analyze", **_ONCE)
+def analyze_task(work: Path, checkpoints: list[str], judgments: str | None, spec: JudgedSetSpec, force: bool) -> dict:
+    out = stages.analyze_stage(work, checkpoints, judgments, spec, force)
+    return out.to_dict() if out else {}
+
+
+@flow(
+    name="retrain", description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate, analyze"
+)
 def retrain(
     workdir: str = "work",
     judgments: str | None = None,
@@ -111,6 +120,7 @@ def retrain(
     baselines: list[str] | None = None,
     mlflow_uri: str | None = None,
     spark_master: str | None = None,
+    analyze: bool = True,
     force: bool = False,
 ) -> dict[str, Any]:
     """The whole pipeline into `workdir`; returns the run summary also written to WORKDIR/report.json.
@@ -121,7 +131,8 @@ def retrain(
     training epochs (default: the config's); train_overrides: training config KEY=VALUE overrides;
     nproc: training processes (0: one per GPU, else 1); baselines: evaluated beside the models
     (default bm25); mlflow_uri: default $MLFLOW_TRACKING_URI, else the sqlite store
-    WORKDIR/mlflow.db; spark_master: default $DSSM_SPARK_MASTER, else local[*].
+    WORKDIR/mlflow.db; spark_master: default $DSSM_SPARK_MASTER, else local[*]; analyze: after the
+    evaluation, `dssm analyze` the trained recurrent model into WORKDIR/analysis and its MLflow run.
     """
     from tqdm import tqdm
 
@@ -140,7 +151,7 @@ def retrain(
     evaluate = judgments is not None or logs is None
     done: list[dict] = []
 
-    stage_count = 4 + len(per_model) + (logs is None) + evaluate
+    stage_count = 4 + len(per_model) + (logs is None) + evaluate + (evaluate and analyze)
     bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
     def finished(out: dict) -> dict:
@@ -167,6 +178,12 @@ def retrain(
             evaluated = evaluate_task(work, checkpoints, judgments, spec, baselines or ["bm25"], mlflow_uri, force)
             finished(evaluated["stage"])
             report = evaluated["report"]
+            if analyze:
+                analysed = analyze_task(work, checkpoints, judgments, spec, force)
+                if analysed:
+                    finished(analysed)
+                else:
+                    bar.update(1)
         else:
             logger.warning("raw logs given without --judgments: nothing to evaluate on; evaluation skipped")
         return write_summary(work, done, report)

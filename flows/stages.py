@@ -118,30 +118,30 @@ def simulate_stage(
 
 def clean_stage(work: Path, logs: str, master: str | None, force: bool) -> StageOutput:
     from jobs.clean import clean
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
 
     out = work / "clean"
-    return run_data_stage("clean", logs, out, lambda: clean(get_spark(master, "dssm-run"), logs, out, force=force))
+    return run_data_stage("clean", logs, out, lambda: clean(LazySpark(master, "dssm-run"), logs, out, force=force))
 
 
 def vocab_stage(work: Path, clean_dir: str, master: str | None, force: bool) -> StageOutput:
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
     from jobs.vocab import vocab
 
     out = work / "vocab"
     return run_data_stage(
-        "vocab", clean_dir, out, lambda: vocab(get_spark(master, "dssm-run"), Path(clean_dir), out, force=force)
+        "vocab", clean_dir, out, lambda: vocab(LazySpark(master, "dssm-run"), Path(clean_dir), out, force=force)
     )
 
 
 def negatives_stage(work: Path, clean_dir: str, n: int, master: str | None, force: bool) -> StageOutput:
     from jobs.negatives import NegativesConfig, negatives
-    from jobs.spark import get_spark
+    from jobs.spark import LazySpark
 
     out = work / "negatives"
 
     def job() -> dict[str, Any]:
-        return negatives(get_spark(master, "dssm-run"), Path(clean_dir), out, NegativesConfig(n=n), force=force)
+        return negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, NegativesConfig(n=n), force=force)
 
     return run_data_stage("negatives", clean_dir, out, job)
 
@@ -236,6 +236,34 @@ def evaluate_stage(
     report = reports[0]
     stage.counts = {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}
     return stage, report
+
+
+def analyze_stage(
+    work: Path, checkpoints: list[str], judgments: str | None, spec: JudgedSetSpec, force: bool
+) -> StageOutput | None:
+    """`dssm analyze` of the first recurrent model (against the RNN when one was trained beside it) on
+    the judged set's test queries, logged to its training run; None when no recurrent model was trained."""
+    from analysis.lstm import RECURRENT
+    from analysis.report import AnalyzeConfig, analyze
+    from jobs.catalogue import DEFAULT_CATALOGUE
+    from modeling.checkpoint import read_checkpoint
+
+    encoders = {c: read_checkpoint(Path(c))["config"]["model"]["encoder"] for c in checkpoints}
+    recurrent = [c for c in checkpoints if encoders[c] in RECURRENT]
+    if not recurrent:
+        log.info("analyze: no recurrent model among %s; nothing to analyse", ", ".join(sorted(set(encoders.values()))))
+        return None
+    main = next((c for c in recurrent if encoders[c] != "rnn"), recurrent[0])
+    compare = next((c for c in recurrent if encoders[c] == "rnn" and c != main), None)
+    out = work / "analysis"
+    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=Path(judgments or DEFAULT_CATALOGUE), spec=spec)
+    cfg.force = force
+
+    def job() -> dict[str, Any]:
+        analyze(cfg)
+        return read_manifest(out)
+
+    return run_data_stage("analyze", main, out, job)
 
 
 def dataset_of(judgments: str | None) -> str:

@@ -57,6 +57,20 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     return spark
 
 
+class LazySpark:
+    """Stands in for the session of `get_spark(master, app)` and starts it on first use, so a stage
+    whose output is already up to date never starts a JVM."""
+
+    def __init__(self, master: str | None = None, app: str = "dssm"):
+        self._master, self._app = master, app
+        self._session: SparkSession | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._session is None:
+            self._session = get_spark(self._master, self._app)
+        return getattr(self._session, name)
+
+
 def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = None) -> int:
     """Write `df` cast to the contract `schema` as `path/part-NNNNN.parquet`; returns its row count.
 

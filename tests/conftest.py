@@ -136,3 +136,35 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     return write_tiny_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+def tiny_model(data: Path, out: Path, *overrides: str) -> Path:
+    """Train a tiny model on `write_tiny_dataset` output; its MLflow run goes to OUT/../train.db."""
+    from modeling.config import load_config
+    from modeling.train import resolve_paths, train
+
+    cfg = load_config(None, ["model.ncell=8", "data.batch_size=16", "threads=1", f"out={out}", *overrides])
+    resolve_paths(cfg, data)
+    cfg.mlflow_uri = f"sqlite:///{out.parent}/train.db"
+    train(cfg)
+    return out
+
+
+def write_judged(path: Path, test: bool = True) -> Path:
+    """Queries `attribute product` from the tiny domain; two titles of the product (label 3), four of others (1)."""
+    import csv
+
+    from dssm.text import is_test_query
+
+    queries = [f"{a} {p}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES if is_test_query(f"{a} {p}") == test]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["search_term", "product_title", "relevance"])
+        for i, q in enumerate(queries):
+            product = q.split()[1]
+            others = [p for p in TINY_PRODUCTS if p != product]
+            for j in range(4):
+                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j) % 8]} {others[(i + j) % len(others)]} kit", 1])
+            for j in range(2):
+                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j + 3) % 8]} {product} pro", 3])
+    return path

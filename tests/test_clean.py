@@ -40,8 +40,12 @@ def test_pairs_are_normalised_and_counted(pipeline):
 
 
 def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline):
+    from jobs.spark import LazySpark
+
     before = read_manifest(pipeline["clean"])
-    assert clean(spark, str(pipeline["simulate"]), pipeline["clean"]) == before
+    lazy = LazySpark()
+    assert clean(lazy, str(pipeline["simulate"]), pipeline["clean"]) == before
+    assert lazy._session is None  # up to date: no session was asked for (the flow starts no JVM)
     again = clean(spark, str(pipeline["simulate"]), pipeline["clean"], force=True)
     assert again["content_sha256"] == before["content_sha256"]
     assert content_sha256(pipeline["clean"]) == before["content_sha256"]

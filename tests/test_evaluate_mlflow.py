@@ -3,7 +3,6 @@ process, the registry and the champion gate; and against the default local store
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import socket
@@ -16,14 +15,12 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS
+from conftest import tiny_model, write_judged
 
 from dssm.cli import main as dssm_main
-from dssm.text import is_test_query
 from evaluation.neural import TwoTowerEmbedder
 from evaluation.registry import champion_gate
-from modeling.config import load_config
-from modeling.train import resolve_paths, train
+from modeling.checkpoint import read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -60,30 +57,6 @@ def mlflow_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
-
-
-def tiny_model(data: Path, out: Path, *overrides: str) -> Path:
-    cfg = load_config(None, ["model.ncell=8", "data.batch_size=16", "threads=1", f"out={out}", *overrides])
-    resolve_paths(cfg, data)
-    cfg.mlflow_uri = f"sqlite:///{out.parent}/train.db"
-    train(cfg)
-    return out
-
-
-def write_judged(path: Path, test: bool = True) -> Path:
-    """Queries `attribute product` from the tiny domain; two titles of the product (label 3), four of others (1)."""
-    queries = [f"{a} {p}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES if is_test_query(f"{a} {p}") == test]
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["search_term", "product_title", "relevance"])
-        for i, q in enumerate(queries):
-            product = q.split()[1]
-            others = [p for p in TINY_PRODUCTS if p != product]
-            for j in range(4):
-                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j) % 8]} {others[(i + j) % len(others)]} kit", 1])
-            for j in range(2):
-                w.writerow([q, f"{TINY_ATTRIBUTES[(i + j + 3) % 8]} {product} pro", 3])
-    return path
 
 
 def evaluate(*args: str) -> dict:
@@ -139,6 +112,18 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(loaded["score"], expected, atol=1e-5)
     assert loaded["dim"] == embedder.model.dim and loaded["inputs"] == ["query", "title"]
+
+    # `dssm analyze` on the registered model reads as the checkpoint does, and logs its report to
+    # the model's training run, in the store that run is in (here the training sqlite store)
+    pair = ["--pair", "cordless drill", "steel drill kit", "--mlflow-uri", mlflow_server]
+    uri_args = ["analyze", "--model", "models:/dssm-tiny@champion", "--out", str(tmp_path / "a1"), *pair]
+    assert dssm_main(uri_args) == 0
+    assert dssm_main(["analyze", "--model", str(good), "--out", str(tmp_path / "a2"), *pair, "--no-mlflow"]) == 0
+    by_uri, by_checkpoint = (json.loads((tmp_path / a / "analysis.json").read_text()) for a in ("a1", "a2"))
+    assert by_uri["pairs"] == by_checkpoint["pairs"] and by_uri["pairs"][0]["query"]["words"] == ["cordless", "drill"]
+    train_store = mlflow.MlflowClient(f"sqlite:///{tmp_path}/train.db")
+    train_run = train_store.get_run(read_checkpoint(good)["mlflow_run_id"])
+    assert train_run.data.tags["analysis"] == "analysis/analysis.md"
 
     # a barely trained model, on another split: the champion is scored there too and keeps the alias
     weak = tiny_model(tiny_data, tmp_path / "weak", "max_steps=1")

@@ -76,7 +76,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     summary = json.loads((work / "report.json").read_text())
     assert set(summary["systems"]) == {"bm25", "lstm"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
     stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
-    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate"]
+    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "analyze"]
     assert all(stages[s]["skipped"] for s in ["simulate", "clean", "vocab", "negatives"])
     planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
     assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
@@ -96,6 +96,9 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     train_run = stages["train"]["counts"]["mlflow_run_id"]
     assert train_run in {r.info.run_id for r in by_system["lstm"]}
     assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version in (1, "1")
+    # the analyze stage's report is an artifact of the training run
+    assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
+    assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
 
 
 def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, capsys):
