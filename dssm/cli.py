@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,19 @@ def cmd_clean(args: argparse.Namespace) -> None:
     print(
         f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
         f"{c['pairs']:,} clicked pairs, {c['titles']:,} titles -> {args.out}"
+    )
+
+
+def cmd_paraphrase(args: argparse.Namespace) -> None:
+    from jobs.paraphrase import ParaphraseConfig, paraphrase
+    from jobs.spark import LazySpark
+
+    cfg = ParaphraseConfig(args.format, args.min_score)
+    m = paraphrase(LazySpark(args.master, "dssm-paraphrase"), args.input, args.out, cfg, force=args.force)
+    c = m["counts"]
+    print(
+        f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
+        f"{c['pairs']:,} distinct sentence pairs -> {args.out}"
     )
 
 
@@ -198,6 +212,15 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         print(f"logged to MLflow run {logged['run_id']} ({logged['tracking_uri']}) under analysis/")
 
 
+def cmd_sts(args: argparse.Namespace) -> None:
+    from evaluation.sts import StsConfig, run_sts
+
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    report = run_sts(StsConfig(args.data, args.out, args.model, baselines, args.mlflow_uri, args.experiment))
+    print((args.out / "sts.md").read_text(), end="")
+    print(f"report: {args.out}/sts.json ({report['seconds']:.0f}s)")
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from modeling.train import config_from_args, launch, train
 
@@ -295,6 +318,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = VocabConfig()
     p = sub.add_parser(
+        "paraphrase",
+        help="sentence pairs (paraphrases) -> the layout of a clean output, for vocab/negatives (Spark)",
+        description="Read a file of sentence pairs (Wiki-Auto, SICK or STS-B train, any TSV of paraphrases), "
+        "normalise both sentences, quarantine unusable lines with a reason and write them as clicked pairs "
+        "(query = sentence 1, title = sentence 2), so `dssm vocab` and `dssm negatives -n 0` prepare them for "
+        "`dssm train objective=paraphrase`. See docs/paraphrase.md.",
+    )
+    p.add_argument("--input", required=True, help="sentence-pair file (plain or .gz)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--format",
+        choices=["pairs", "sts", "stsb", "sick"],
+        default="pairs",
+        help="pairs: s1<TAB>s2; sts: score, s1, s2; stsb: STS Benchmark; sick: SICK (default: %(default)s)",
+    )
+    p.add_argument("--min-score", type=float, help="scored formats: keep pairs scored at least this")
+    _add_spark_options(p)
+    p.set_defaults(func=cmd_paraphrase)
+
+    p = sub.add_parser(
         "vocab",
         help="letter-trigram and word vocabularies (Spark)",
         description="Build the letter-trigram vocabulary (word hashing) and a word vocabulary "
@@ -320,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("-n", type=int, default=d.n, help="negatives per pair (default: %(default)s)")
+    p.add_argument(
+        "-n", type=int, default=d.n, help="negatives per pair; 0 for objective=paraphrase (default: %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction, help="(default: %(default)s)")
     p.add_argument("--shards", type=int, default=d.shards, help="train files (default: %(default)s)")
@@ -352,6 +397,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_evaluate_arguments(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "sts",
+        help="Pearson's r of trained models (and MiniLM) on STS 2012-2016, STS-B and SICK, logged to MLflow",
+        description="Embed both sentences of every pair of the STS 2012-2016 test sets, STS-B test and SICK test "
+        "with each --model (its query tower) and baseline, and report Pearson's r x 100 (and Spearman) of the "
+        "cosine against the gold scores, per dataset and per year, as Wieting & Gimpel's tables do. Writes "
+        "OUT/sts.json and sts.md; every system is an MLflow run in --experiment. See docs/paraphrase.md.",
+    )
+    p.add_argument("--model", action="append", default=[], metavar="PATH_OR_URI", help="a trained model (repeatable)")
+    p.add_argument("--baselines", default="", help="minilm: all-MiniLM-L6-v2 off the shelf (default: none)")
+    default_data = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--data", type=Path, default=default_data, help="the shared data folder (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
+    p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
+    p.add_argument("--experiment", default="sts", help="MLflow experiment (default: %(default)s)")
+    p.set_defaults(func=cmd_sts)
 
     p = sub.add_parser(
         "analyze",

@@ -42,6 +42,14 @@ def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
 
 def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) -> DataFrame:
     """(query, positive, negatives[n], clicks, impressions) for every clicked pair."""
+    if cfg.n == 0:  # the paraphrase objective draws its negatives from the mini-batch instead
+        return pairs.select(
+            "query",
+            F.col("title").alias("positive"),
+            F.array().cast("array<string>").alias("negatives"),
+            "clicks",
+            "impressions",
+        )
     pool = titles.select("title").distinct()
     pool = pool.select("title", (F.row_number().over(Window.orderBy("title")) - 1).alias("idx"))
     pool_size = pool.count()
@@ -85,8 +93,8 @@ def negatives(
     spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(), force: bool = False
 ) -> dict[str, Any]:
     upstream = require_manifest(clean_dir, "clean")
-    if cfg.n < 1 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
-        raise DssmError("need n >= 1, shards >= 1 and 0 <= valid_fraction < 1")
+    if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
+        raise DssmError("need n >= 0, shards >= 1 and 0 <= valid_fraction < 1")
     key = input_key("negatives", {"clean": upstream["content_sha256"]}, asdict(cfg))
     if not force and is_up_to_date(out, key):
         log.info("negatives: %s is up to date, nothing to do", out)

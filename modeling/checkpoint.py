@@ -50,7 +50,8 @@ def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
     """A trained model in eval mode, its tokenizer and its config, from a checkpoint or run dir."""
     state = read_checkpoint(Path(path))
     cfg = load_config(base=state["config"])
-    vocab = Vocab(state["vocab"]["tokens"], state["vocab"]["sha256"], state["vocab"].get("clean_sha256"))
+    saved = state["vocab"]
+    vocab = Vocab(saved["tokens"], saved["sha256"], saved.get("clean_sha256"), saved.get("kind", "trigrams"))
     model = TwoTower(vocab.size, cfg.model)
     model.load_state_dict(state["model"])
     model.eval()

@@ -20,7 +20,8 @@ from dssm.errors import DssmError
 
 @dataclass
 class ModelConfig:
-    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | gran
+    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | bilstm_avg | gran | avg
+    tokens: str = "trigrams"  # trigrams: the paper's letter-trigram word hashing; words: one vector per word
     ncell: int = 96  # hidden size of the recurrent encoders (the paper: 96)
     # The paper's LSTM-RNN experiments use neither a forget gate nor peepholes (section IV).
     forget_gate: bool = False
@@ -48,8 +49,13 @@ class OptimConfig:
 PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr")
 
 
+OBJECTIVES = ("click", "paraphrase")
+
+
 @dataclass
 class LossConfig:
+    objective: str = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss (one shared encoder)
+    margin: float = 0.4  # paraphrase: δ of max(0, δ − cos(s1, s2) + cos(s1, t1))
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = False  # also score every other clicked title of the local batch
     pair_weight: str = "none"  # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr
@@ -178,7 +184,7 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None, ba
     return cfg
 
 
-ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "gran")
+ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "bilstm_avg", "gran", "avg")
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -193,6 +199,12 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError(f"optim.name {o.name!r}: choose nesterov or adam")
     if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
         raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
+    if cfg.loss.objective not in OBJECTIVES:
+        raise DssmError(f"loss.objective must be one of {', '.join(OBJECTIVES)}, not {cfg.loss.objective!r}")
+    if cfg.loss.objective == "paraphrase" and not m.shared_towers:
+        raise DssmError("loss.objective=paraphrase trains one shared encoder: add model.shared_towers=true")
+    if m.tokens not in ("trigrams", "words"):
+        raise DssmError(f"model.tokens must be trigrams or words, not {m.tokens!r}")
     if cfg.loss.pair_weight not in PAIR_WEIGHTS:
         raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
     if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:

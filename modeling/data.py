@@ -94,7 +94,9 @@ class ClickBatches:
         self.pair_weight = pair_weight
         self.rank = rank
 
-    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[tuple[TextBatch, TextBatch, Tensor]]:
+    def epoch(
+        self, epoch: int, skip: int = 0, train: bool = True
+    ) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
         """The epoch's batches after the first `skip` (which are read but not tokenised)."""
         streams = [
             shard_chunks(f, self.per_shard, self.steps_per_epoch, self.cfg.shuffle_buffer, self.seed, epoch, i)
@@ -107,8 +109,9 @@ class ClickBatches:
             rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
             yield self.encode(rows, rng)
 
-    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch, Tensor]:
-        """Query and document batches, and each row's loss weight (`loss.pair_weight`)."""
+    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch, Tensor, Tensor]:
+        """Query and document batches, each row's loss weight (`loss.pair_weight`) and a group id per
+        row (rows with the same query share one: the paraphrase objective keeps them apart)."""
         docs = []
         for _, positive, negatives, _, _ in rows:
             if len(negatives) != self.n:
@@ -117,7 +120,9 @@ class ClickBatches:
             docs.extend(negatives)
         kw = {"rng": rng, "word_dropout": self.cfg.word_dropout, "scramble": self.cfg.scramble}
         weights = pair_weights(rows, self.pair_weight)
-        return self.tokenizer.batch([r[0] for r in rows], **kw), self.tokenizer.batch(docs, **kw), weights
+        queries = [r[0] for r in rows]
+        groups = torch.from_numpy(np.unique(np.array(queries, dtype=object), return_inverse=True)[1].astype(np.int64))
+        return self.tokenizer.batch(queries, **kw), self.tokenizer.batch(docs, **kw), weights, groups
 
 
 def pair_weights(rows: list, kind: str) -> Tensor:

@@ -5,8 +5,9 @@
 - `dssm`: bag of all the text's trigrams through a tanh MLP (Huang et al. 2013).
 - `clsm`: convolution over a window of words' trigram bags, max-pooling over positions, a tanh
   semantic layer (Shen et al. 2014).
-- `lstm_avg`: the mean of the LSTM outputs over the words; `gran`: Wieting & Gimpel 2017, eq. (1):
-  mean over t of x_t ⊙ σ(W_x x_t + W_h h_t + b), with h_t the LSTM output and x_t a word vector.
+- `lstm_avg`: the mean of the LSTM outputs over the words (`bilstm_avg`: both directions, concatenated);
+  `gran`: Wieting & Gimpel 2017, eq. (1): mean over t of x_t ⊙ σ(W_x x_t + W_h h_t + b), with h_t
+  the LSTM output and x_t a word vector; `avg`: the mean of the word vectors.
 
 Every input projection is an `nn.EmbeddingBag(mode="sum")` over trigram ids: `W·l(t)` for all
 gates at once. Recurrent encoders can also return their per-step internals (gates, cells,
@@ -249,6 +250,22 @@ class GRANEncoder(nn.Module):
         return vec, found
 
 
+class AvgEncoder(nn.Module):
+    """Wieting & Gimpel's word averaging: the mean of the text's word vectors (each word's summed
+    trigram embeddings, or its own vector with model.tokens=words), ncell wide."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(vocab_size, cfg.ncell, mode="sum")
+        self.dim = cfg.ncell
+        nn.init.uniform_(self.bag.weight, -1 / math.sqrt(cfg.ncell), 1 / math.sqrt(cfg.ncell))
+
+    def forward(self, batch: TextBatch, internals: bool = False):
+        lengths = batch.lengths.to(self.bag.weight.device)
+        vec = text_sums(hashed_words(self.bag, batch), lengths) / lengths.unsqueeze(1).to(self.bag.weight.dtype)
+        return (vec, {}) if internals else vec
+
+
 class DSSMEncoder(nn.Module):
     """Huang et al. 2013: the text's summed trigram vector through tanh layers (default 300-300-128)."""
 
@@ -306,6 +323,10 @@ def build_encoder(vocab_size: int, cfg: ModelConfig) -> nn.Module:
         return LSTMEncoder(vocab_size, cfg, bidirectional=True)
     if kind == "lstm_avg":
         return LSTMEncoder(vocab_size, cfg, pooling="mean")
+    if kind == "bilstm_avg":
+        return LSTMEncoder(vocab_size, cfg, pooling="mean", bidirectional=True)
+    if kind == "avg":
+        return AvgEncoder(vocab_size, cfg)
     if kind == "gran":
         return GRANEncoder(vocab_size, cfg)
     if kind == "dssm":

@@ -42,27 +42,36 @@ class TextBatch:
 
 
 class Vocab:
-    """A trigram vocabulary: token -> id (0 = unknown), with the content hash of its `dssm vocab` output.
+    """A token vocabulary: token -> id (0 = unknown), with the content hash of its `dssm vocab` output.
+    `kind` trigrams (the paper's word hashing: a word is the bag of its letter trigrams) or words (a
+    word is its own token).
 
     Checkpoints carry the token list, so a trained model loads without the vocab directory."""
 
-    def __init__(self, tokens: list[str], sha256: str, clean_sha256: str | None = None):
+    def __init__(self, tokens: list[str], sha256: str, clean_sha256: str | None = None, kind: str = "trigrams"):
         self.tokens = tokens
         self.size = len(tokens)
         self.sha256 = sha256
         self.clean_sha256 = clean_sha256
+        self.kind = kind
         self.index = {tok: i for i, tok in enumerate(tokens) if i != UNKNOWN_ID}
 
     @classmethod
-    def load(cls, root: Path | str) -> Vocab:
+    def load(cls, root: Path | str, kind: str = "trigrams") -> Vocab:
         root = Path(root)
         manifest = require_manifest(root, "vocab")
-        table = pq.read_table(root / "trigrams", columns=["id", "token"]).sort_by("id")
+        table = pq.read_table(root / kind, columns=["id", "token"]).sort_by("id")
         ids = table.column("id").to_pylist()
         if not ids or ids != list(range(len(ids))):
-            raise DssmError(f"{root}/trigrams: ids must be 0..n-1 with 0 = <unk>; rerun `dssm vocab`")
+            raise DssmError(f"{root}/{kind}: ids must be 0..n-1 with 0 = <unk>; rerun `dssm vocab`")
         clean = manifest.get("inputs", {}).get("clean", {}).get("sha256")
-        return cls(table.column("token").to_pylist(), manifest["content_sha256"], clean)
+        return cls(table.column("token").to_pylist(), manifest["content_sha256"], clean, kind)
+
+    def word_tokens(self, word: str) -> np.ndarray:
+        """The token ids one word is made of."""
+        if self.kind == "words":
+            return np.array([self.index.get(word, UNKNOWN_ID)], np.int64)
+        return np.fromiter((self.index.get(t, UNKNOWN_ID) for t in word_trigrams(word)), np.int64)
 
 
 class Tokenizer:
@@ -79,10 +88,9 @@ class Tokenizer:
     def word_id(self, word: str) -> int:
         wid = self._word_ids.get(word)
         if wid is None:
-            index = self.vocab.index
             wid = len(self._trigrams)
             self._word_ids[word] = wid
-            self._trigrams.append(np.fromiter((index.get(t, UNKNOWN_ID) for t in word_trigrams(word)), np.int64))
+            self._trigrams.append(self.vocab.word_tokens(word))
         return wid
 
     def text(self, text: str) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The two-tower retrieval model and the paper's objective, eq. (5).
+"""The two-tower retrieval model, the paper's objective, eq. (5), and Wieting & Gimpel's paraphrase
+objective (`loss.objective`).
 
 P(D+|Q) = exp(γ·cos(Q, D+)) / Σ_{D ∈ {D+} ∪ negatives} exp(γ·cos(Q, D)); the loss is −log of it,
 averaged over the batch. Query and document towers are separate by default (Λ_Q, Λ_D, as in
@@ -55,3 +56,32 @@ def click_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = N
         return F.cross_entropy(cfg.gamma * scores, target)
     losses = F.cross_entropy(cfg.gamma * scores, target, reduction="none")
     return (losses * weights).sum() / weights.sum().clamp_min(1e-12)
+
+
+def paraphrase_loss(s1: Tensor, s2: Tensor, groups: Tensor, margin: float) -> Tensor:
+    """Wieting & Gimpel 2017, eq. (2), averaged over the batch:
+    max(0, δ − cos(s1, s2) + cos(s1, t1)) + max(0, δ − cos(s1, s2) + cos(s2, t2)), where t1 (t2) is
+    the sentence of the mini-batch most similar to s1 (s2) that is not of its own pair; rows with
+    the same `groups` id (the same first sentence) never serve as each other's negatives."""
+    if s1.dtype in (torch.float16, torch.bfloat16):
+        s1, s2 = s1.float(), s2.float()
+    s1 = F.normalize(s1, dim=-1, eps=1e-8)
+    s2 = F.normalize(s2, dim=-1, eps=1e-8)
+    positive = (s1 * s2).sum(1)
+    candidates = torch.cat([s1, s2])  # (2B, h)
+    same = groups.to(s1.device).unsqueeze(1) == groups.to(s1.device).repeat(2).unsqueeze(0)  # (B, 2B)
+    losses = torch.zeros_like(positive)
+    for anchor in (s1, s2):
+        sims = (anchor @ candidates.t()).masked_fill(same, float("-inf"))
+        hardest = sims.max(1).values
+        usable = torch.isfinite(hardest)  # a batch of one pair has no negative
+        losses = losses + torch.where(usable, F.relu(margin - positive + hardest), torch.zeros_like(positive))
+    return losses.mean()
+
+
+def training_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None, groups: Tensor) -> Tensor:
+    """The configured objective on a batch: `q` the queries (first sentences), `d` (B, 1 + n, dim)
+    the clicked titles (second sentences) and their negatives."""
+    if cfg.objective == "paraphrase":
+        return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
+    return click_loss(q, d, cfg, weights)

@@ -29,7 +29,7 @@ from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint
 from modeling.config import TrainConfig, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
-from modeling.model import TwoTower, click_loss
+from modeling.model import TwoTower, training_loss
 from modeling.optim import build_optimizer, set_momentum
 
 log = logging.getLogger("dssm.train")
@@ -126,9 +126,9 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
     size = max(1, cfg.data.batch_size)
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
-        queries, docs, _ = batches.encode(chunk)  # unweighted: comparable across pair_weight settings
+        queries, docs, _, groups = batches.encode(chunk)  # unweighted: comparable across pair_weight settings
         q, d = model(queries.to(device), docs.to(device))
-        total += float(click_loss(q, d, cfg.loss)) * len(chunk)
+        total += float(training_loss(q, d, cfg.loss, None, groups)) * len(chunk)
         count += len(chunk)
     model.train()
     return total / max(count, 1)
@@ -153,7 +153,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     neg_manifest = require_manifest(negatives, "negatives")
     if not (Path(cfg.data.vocab) / "manifest.json").exists():
         raise DssmError(f"{cfg.data.vocab}: no `dssm vocab` output here; run `dssm vocab` first")
-    vocab = Vocab.load(cfg.data.vocab)
+    vocab = Vocab.load(cfg.data.vocab, cfg.model.tokens)
     neg_clean = neg_manifest.get("inputs", {}).get("clean", {}).get("sha256")
     if vocab.clean_sha256 and neg_clean and vocab.clean_sha256 != neg_clean:
         raise DssmError(
@@ -230,7 +230,12 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
                 out,
                 {
                     "config": cfg.to_dict(),
-                    "vocab": {"tokens": vocab.tokens, "sha256": vocab.sha256, "clean_sha256": vocab.clean_sha256},
+                    "vocab": {
+                        "tokens": vocab.tokens,
+                        "sha256": vocab.sha256,
+                        "clean_sha256": vocab.clean_sha256,
+                        "kind": vocab.kind,
+                    },
                     "model": model.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "step": step,
@@ -277,14 +282,15 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     try:
         while step < total:
             epoch, skip = divmod(step, steps_per_epoch)
-            for queries, docs, weights in batches.epoch(epoch, skip=skip):
+            for queries, docs, weights, groups in batches.epoch(epoch, skip=skip):
                 if step >= total:
                     break
                 step += 1
                 mu = set_momentum(optimizer, step, total, cfg.optim)
                 with autocast:
                     q, dv = ddp(queries.to(device), docs.to(device))
-                loss = click_loss(q, dv, cfg.loss, None if cfg.loss.pair_weight == "none" else weights.to(device))
+                weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
+                loss = training_loss(q, dv, cfg.loss, weighted, groups)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = clip_gradients(model, cfg.optim.clip_norm)
@@ -367,6 +373,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where `dssm negatives`/`dssm vocab` wrote (default: %(default)s); also the default "
         "home of the run (WORKDIR/train/ENCODER) and of the MLflow store (WORKDIR/mlflow.db)",
     )
+    p.add_argument(
+        "--objective",
+        choices=["click", "paraphrase"],
+        help="click: the paper's softmax over clicked and negative titles; paraphrase: Wieting & Gimpel's margin "
+        "loss with in-batch negatives and one shared encoder (= loss.objective=paraphrase model.shared_towers=true)",
+    )
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in the run directory")
     p.add_argument(
         "--nproc",
@@ -376,13 +388,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def objective_overrides(objective: str | None) -> list[str]:
+    """What `--objective` stands for; the user's KEY=VALUE overrides come after and win."""
+    if objective == "paraphrase":
+        return ["loss.objective=paraphrase", "model.shared_towers=true"]
+    return [f"loss.objective={objective}"] if objective else []
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
-    cfg = load_config(args.config, args.overrides)
+    overrides = objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
+    cfg = load_config(args.config, overrides)
     resolve_paths(cfg, args.workdir)
     if args.resume and (Path(cfg.out) / LAST).exists():
         saved = read_checkpoint(Path(cfg.out) / LAST)["config"]
-        cfg = load_config(args.config, args.overrides, base=saved)
+        cfg = load_config(args.config, overrides, base=saved)
     if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
         raise DssmError("optim.lr must be a positive number")
     return cfg
@@ -407,7 +427,7 @@ def launch(args: argparse.Namespace) -> int:
         argv += ["--config", str(args.config)]
     if args.resume:
         argv.append("--resume")
-    argv += list(args.overrides)
+    argv += objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
     return subprocess.run(argv, env=env).returncode

@@ -10,7 +10,8 @@ from dssm.cli import build_parser, main
 
 def test_every_subcommand_has_help(capsys):
     parser = build_parser()
-    commands = ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "analyze", "run", "schedule", "stack"]
+    commands = ["simulate", "clean", "paraphrase", "vocab", "negatives", "train", "evaluate", "sts", "analyze", "run"]
+    commands += ["schedule", "stack"]
     for command in commands:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args([command, "--help"])

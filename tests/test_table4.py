@@ -2,7 +2,9 @@
 
 The LSTM-RNN row is re-measured from the raw judged file as benchmarks/homedepot_table4.py does
 it (LSTM only): `dssm run` simulates 1M impressions, cleans, builds the vocabulary and negatives,
-trains with the chosen config and evaluates against BM25. Skipped where ../shared/data is absent.
+trains with the chosen config and evaluates against BM25. To keep the suite within its time budget
+it trains 4 epochs instead of the table's 10 and pins that run's row (BENCHMARKS.md, "CI's pinned
+row"); `make table4` reproduces the full table. Skipped where ../shared/data is absent.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from evaluation.systems import build_baseline
 pytestmark = pytest.mark.integration
 
 REFERENCE = {"bm25": (70.1, 73.9, 88.4), "doc2vec": (67.2, 71.6, 87.3), "minilm": (71.9, 76.0, 89.2)}
-# BENCHMARKS.md, "Table IV on Home Depot": the LSTM-RNN row measured by the benchmark command.
-PINNED_LSTM = (70.77, 74.61, 88.63)
+# BENCHMARKS.md, "Table IV on Home Depot", CI's pinned row: the chosen config at 4 epochs (the table: 10).
+PINNED_LSTM = (69.16, 74.34, 88.51)
+CI_EPOCHS = 4
 TOLERANCE = 1.0  # seeds are fixed, but threads change float summation order in training
 
 
@@ -44,7 +47,7 @@ def test_bm25_reproduces_the_protocol_reference_row(hd_pairs):
 def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     work = tmp_path / "work"
     data = ["--judgments", str(home_depot), "--workdir", str(work), "--impressions", "1000000"]
-    chosen = ["epochs=10", "loss.pair_weight=log_clicks"]  # benchmarks/homedepot_table4.py's CHOSEN
+    chosen = [f"epochs={CI_EPOCHS}", "loss.pair_weight=log_clicks"]  # homedepot_table4.py's CHOSEN, shorter
     assert dssm_main(["run", *data, "--train", *chosen]) == 0  # ends with `dssm evaluate` against BM25
     report = json.loads((work / "eval" / "report.json").read_text())
     lstm, bm25 = report["systems"]["lstm"], report["systems"]["bm25"]
@@ -53,5 +56,10 @@ def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     assert [bm25[f"ndcg@{k}"] for k in CUTOFFS] == pytest.approx(REFERENCE["bm25"], abs=0.2)
     for k, doc2vec in zip(CUTOFFS, REFERENCE["doc2vec"], strict=True):
         assert lstm[f"ndcg@{k}"] - lstm["ci95"][f"ndcg@{k}"] > doc2vec  # its 95% interval is above doc2vec's row
-    # Not asserted, because it is not so: a significant win over BM25. The LSTM-RNN is ahead by
-    # 0.2-0.7 points with p = 0.17-0.42 (BENCHMARKS.md); the issue's bar is not met yet.
+    # Section V-A on the same model (the flow's analyze stage): the input gates attenuate function
+    # words; "for" and "in" are among the 12 words with the lowest mean input gate (docs/analysis.md)
+    analysis = json.loads((work / "analysis" / "analysis.json").read_text())["test_queries"]
+    assert analysis["queries"] == 1_580
+    assert {"for", "in"} <= {word for word, _, _ in analysis["input_gate_lowest"]}
+    # Not asserted, because it is not so: a significant win over BM25. At 10 epochs the LSTM-RNN is
+    # ahead by 0.2-0.7 points with p = 0.17-0.42 (BENCHMARKS.md); the issue's bar is not met yet.

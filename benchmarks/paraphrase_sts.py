@@ -1,0 +1,70 @@
+"""Wieting & Gimpel 2017's comparison on our data, with one command:
+
+    .venv/bin/python benchmarks/paraphrase_sts.py
+
+1. `dssm paraphrase` reads the Wiki-Auto normal -> simple pairs (../shared/data), `dssm vocab` and
+   `dssm negatives -n 0` prepare them like click pairs;
+2. `dssm train --objective paraphrase` trains every configuration of CONFIGS below with the same
+   settings (COMMON) into WORKDIR/train/NAME (finished runs are kept, not redone);
+3. `dssm sts` scores them, MiniLM and, if present, the click-trained LSTM-RNN of `make table4`
+   (bench-work/hd/train/lstm) on STS 2012-2016, STS-B test and SICK test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+WIKI_AUTO = SHARED / "wikiauto-gem2021-valid" / "valid.tsv.gz"
+CLICK_LSTM = Path("bench-work/hd/train/lstm")
+COMMON = ["epochs=5", "data.batch_size=100", "model.ncell=128", "optim.name=adam", "optim.lr=0.001", "seed=1"]
+COMMON += ["experiment=wikiauto-paraphrase", "dataset=wikiauto-gem2021-valid"]
+CONFIGS = {
+    "avg": ["model.encoder=avg"],
+    "lstm": ["model.encoder=lstm"],
+    "lstm-worddrop": ["model.encoder=lstm", "data.word_dropout=0.3"],
+    "lstm-scramble": ["model.encoder=lstm", "data.scramble=0.5"],
+    "lstm_avg": ["model.encoder=lstm_avg"],
+    "gran": ["model.encoder=gran"],
+}
+
+
+def dssm(*args: str) -> None:
+    cmd = [str(Path(sys.executable).parent / "dssm"), *args]
+    print("+", " ".join(cmd), flush=True)
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"  ({time.perf_counter() - started:.0f}s)", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=Path, default=WIKI_AUTO, help="paraphrase pairs (default: %(default)s)")
+    p.add_argument("--workdir", type=Path, default=Path("bench-work/para"))
+    p.add_argument("--configs", default=",".join(CONFIGS), help="(default: %(default)s)")
+    p.add_argument("--no-minilm", action="store_true", help="leave the MiniLM row out (it takes ~2 min on CPU)")
+    args = p.parse_args()
+    if not args.pairs.exists():
+        sys.exit(f"{args.pairs} not found: this benchmark needs ../shared/data (see README)")
+    work = args.workdir
+    dssm("paraphrase", "--input", str(args.pairs), "--out", str(work / "clean"))
+    dssm("vocab", "--clean", str(work / "clean"), "--out", str(work / "vocab"))
+    dssm("negatives", "--clean", str(work / "clean"), "--out", str(work / "negatives"), "-n", "0", "--shards", "2")
+    models = []
+    for name in args.configs.split(","):
+        out = work / "train" / name
+        if not (out / "last.pt").exists():
+            dssm("train", "--workdir", str(work), "--objective", "paraphrase", *COMMON, *CONFIGS[name], f"out={out}")
+        models += ["--model", str(out)]
+    if CLICK_LSTM.exists():
+        models += ["--model", str(CLICK_LSTM)]
+    baselines = [] if args.no_minilm else ["--baselines", "minilm"]
+    dssm("sts", *models, *baselines, "--data", str(args.pairs.parents[1]), "--out", str(work / "sts"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""`dssm paraphrase`: sentence-pair files (Wiki-Auto, SICK/STS-B train, any TSV of paraphrases) into
+the layout of a `dssm clean` output, so `dssm vocab` and `dssm negatives` prepare them exactly as
+they prepare click pairs (Wieting & Gimpel 2017's training data, docs/paraphrase.md).
+
+Each pair becomes a "clicked pair": query = sentence_norm(sentence1), title = sentence_norm(sentence2), clicks =
+impressions = the times the pair occurs. Titles are the distinct second sentences. Unusable lines
+are quarantined in rejects/ with a reason (malformed, empty_sentence, no_score, below_min_score,
+header, blank), and read = kept + rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date, read_manifest, write_manifest
+from dssm.errors import DssmError
+from dssm.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
+from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
+from jobs.spark import distinct_count, write_parquet
+
+log = logging.getLogger(__name__)
+ROWS_PER_FILE = 200_000
+_PARSED = T.StructType(
+    [T.StructField("s1", T.StringType()), T.StructField("s2", T.StringType()), T.StructField("reason", T.StringType())]
+)
+
+
+@dataclass(frozen=True)
+class ParaphraseConfig:
+    fmt: str = "pairs"  # one of dssm.sentence_pairs.FORMATS
+    min_score: float | None = None  # scored formats: keep pairs with score >= this (e.g. 4 on STS-B's 0-5)
+
+
+def _parser(cfg: ParaphraseConfig):
+    def parse(line: str) -> tuple[str | None, str | None, str]:
+        if not line.strip():
+            return None, None, "blank"
+        if is_header(line, cfg.fmt):
+            return None, None, "header"
+        pair = parse_line(line, cfg.fmt)
+        if not isinstance(pair, SentencePair):
+            return None, None, pair
+        if cfg.min_score is not None and (pair.score is None or pair.score < cfg.min_score):
+            return None, None, "below_min_score"
+        s1, s2 = sentence_norm(pair.s1), sentence_norm(pair.s2)
+        return s1, s2, "kept"
+
+    return F.udf(parse, _PARSED)
+
+
+def _layout(df: DataFrame, rows: int, *keys: str) -> DataFrame:
+    """Hash-partitioned and sorted: a rerun writes the same bytes."""
+    return df.repartition(max(1, -(-rows // ROWS_PER_FILE)), *keys).sortWithinPartitions(*keys)
+
+
+def paraphrase(
+    spark: SparkSession, input_path: str, out: Path, cfg: ParaphraseConfig = ParaphraseConfig(), force: bool = False
+) -> dict[str, Any]:
+    if cfg.fmt not in FORMATS:
+        raise DssmError(f"unknown format {cfg.fmt!r}; choose from {', '.join(FORMATS)}")
+    source = Path(input_path)
+    if not source.exists():
+        raise DssmError(f"{source}: no such file or directory")
+    source_hash = content_sha256(source)
+    key = input_key("paraphrase", {"pairs": source_hash}, asdict(cfg))
+    if not force and is_up_to_date(out, key):
+        log.info("paraphrase: %s is up to date with %s, nothing to do", out, source)
+        return read_manifest(out)
+    raw = spark.read.text(str(source)).select(F.col("_metadata.file_path").alias("source"), "value")
+    parsed = raw.withColumn("p", _parser(cfg)("value")).select("source", "value", "p.*").persist()
+    counts = {r["reason"]: r["count"] for r in parsed.groupBy("reason").count().collect()}
+    lines_read = sum(counts.values())
+    kept_n = counts.pop("kept", 0)
+    if kept_n == 0:
+        raise DssmError(f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})")
+    with atomic_dir(out) as tmp:
+        kept = parsed.where(F.col("reason") == "kept")
+        pairs = kept.groupBy(F.col("s1").alias("query"), F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
+        pairs = pairs.withColumn("impressions", F.col("clicks"))
+        n_pairs = write_parquet(_layout(pairs, kept_n, "query", "title"), tmp / "pairs", CLICK_PAIRS)
+        titles = kept.groupBy(F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
+        titles = titles.withColumn("impressions", F.col("clicks"))
+        n_titles = write_parquet(_layout(titles, kept_n, "title"), tmp / "titles", TITLES)
+        rejects = parsed.where(F.col("reason") != "kept").select(
+            "source",
+            "reason",
+            F.lit(None).cast("string").alias("detail"),
+            F.col("value").alias("raw"),
+            F.lit(None).cast("string").alias("impression_id"),
+            F.lit(None).cast("string").alias("user_id"),
+        )
+        n_rejects = write_parquet(_layout(rejects, lines_read - kept_n, "source", "raw"), tmp / "rejects", REJECTS)
+        parsed.unpersist()
+        if lines_read != kept_n + n_rejects:
+            raise DssmError(f"internal error: read {lines_read} != kept {kept_n} + rejected {n_rejects}")
+        log.info("paraphrase: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, n_rejects, counts)
+        # stage "clean": downstream jobs read it as they read cleaned click data
+        return write_manifest(
+            tmp,
+            {
+                "stage": "clean",
+                "kind": "paraphrase",
+                "input_key": key,
+                "inputs": {"pairs": {"path": str(source), "sha256": source_hash}},
+                "params": asdict(cfg),
+                "counts": {
+                    "lines_read": lines_read,
+                    "kept": kept_n,
+                    "rejected": n_rejects,
+                    "rejected_by_reason": dict(sorted(counts.items())),
+                    "pairs": n_pairs,
+                    "queries": distinct_count(tmp / "pairs", "query"),
+                    "titles": n_titles,
+                },
+                "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+            },
+        )
