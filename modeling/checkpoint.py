@@ -56,3 +56,32 @@ def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
     model.load_state_dict(state["model"])
     model.eval()
     return model, Tokenizer(vocab, cfg.model.max_words), cfg
+
+
+def warm_start(model: torch.nn.Module, vocab: Vocab, path: Path | str) -> dict[str, int]:
+    """Start `model` from another run's weights (e.g. paraphrase pre-training before click training):
+    every tensor with the same name and shape is copied; token embedding tables (`*.bag.weight`) are
+    copied row by row for the tokens both vocabularies have. A shared-encoder source fills both
+    towers. Returns how many tensors and embedding rows were copied."""
+    source = read_checkpoint(Path(path))
+    source_rows = {tok: i for i, tok in enumerate(source["vocab"]["tokens"])}
+    pairs = [(i, source_rows[tok]) for i, tok in enumerate(vocab.tokens) if tok in source_rows]
+    target_rows, from_rows = (
+        (torch.tensor(x, dtype=torch.long) for x in zip(*pairs, strict=True)) if pairs else (None, None)
+    )
+    copied = {"tensors": 0, "embedding_rows": 0}
+    own = model.state_dict()
+    with torch.no_grad():
+        for name, value in source["model"].items():
+            if name not in own:
+                continue
+            target = own[name]
+            if name.endswith("bag.weight") and target_rows is not None and value.shape[1] == target.shape[1]:
+                target[target_rows] = value[from_rows].to(target.dtype)
+                copied["embedding_rows"] += len(pairs)
+            elif value.shape == target.shape:
+                target.copy_(value)
+                copied["tensors"] += 1
+    if not copied["tensors"] and not copied["embedding_rows"]:
+        raise DssmError(f"init_from={path}: no tensor of that model fits this one (another encoder or size?)")
+    return copied

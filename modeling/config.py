@@ -88,6 +88,7 @@ class TrainConfig:
     experiment: str = "dssm-train"  # the retrain flow sets the dataset's experiment
     dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
     run_name: str = ""
+    init_from: str = ""  # a checkpoint whose weights start this run (same-shaped tensors; embeddings by token)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)

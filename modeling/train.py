@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dssm.artifacts import require_manifest
 from dssm.errors import DssmError
 from dssm.tracking import default_tracking_uri, experiment_id
-from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint
+from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint, warm_start
 from modeling.config import TrainConfig, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
@@ -204,6 +204,10 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     model = TwoTower(vocab.size, cfg.model).to(device)
     optimizer = build_optimizer(model, cfg.optim)
     step = 0
+    if cfg.init_from and state is None:
+        copied = warm_start(model, vocab, cfg.init_from)
+        if d.main:
+            log.info("init_from %s: %d tensors and %d embedding rows copied", cfg.init_from, *copied.values())
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

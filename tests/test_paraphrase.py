@@ -129,6 +129,20 @@ def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, 
     losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
     assert losses[-1] < losses[0]
 
+    # warm start (init_from): a two-tower click model of the same encoder starts from g in both towers,
+    # embedding rows matched by token across the two vocabularies
+    if encoder == "avg":
+        from modeling.checkpoint import warm_start
+        from modeling.config import ModelConfig
+        from modeling.model import TwoTower
+
+        vocab = Vocab(["<unk>", "zebra", *reversed(tokenizer.vocab.tokens[1:])], "other", kind="words")
+        click = TwoTower(vocab.size, ModelConfig(encoder="avg", ncell=8, tokens="words"))
+        assert warm_start(click, vocab, run) == {"tensors": 0, "embedding_rows": 2 * (tokenizer.vocab.size)}
+        lamp = tokenizer.vocab.index["lamp"]
+        for tower in (click.query_encoder, click.doc_encoder):
+            torch.testing.assert_close(tower.bag.weight[vocab.index["lamp"]], model.query_encoder.bag.weight[lamp])
+
     # `dssm sts` on a tiny STS layout: Pearson of the model's cosines against gold, per file and year
     data = tmp_path / "data"
     (data / "semeval-sts-2012-2016" / "2014").mkdir(parents=True)
