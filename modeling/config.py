@@ -20,7 +20,7 @@ from dssm.errors import DssmError
 
 @dataclass
 class ModelConfig:
-    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | bilstm_avg | gran | avg
+    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | bilstm_avg | gran | bigran | avg
     tokens: str = "trigrams"  # trigrams: the paper's letter-trigram word hashing; words: one vector per word
     ncell: int = 96  # hidden size of the recurrent encoders (the paper: 96)
     # The paper's LSTM-RNN experiments use neither a forget gate nor peepholes (section IV).
@@ -32,6 +32,8 @@ class ModelConfig:
     window: int = 3  # clsm word window (1, 3 or 5)
     shared_towers: bool = False  # the paper trains separate query and document towers (Λ_Q, Λ_D)
     max_words: int = 40  # longer texts are truncated (truncated BPTT length T of Algorithm 1)
+    dropout: float = 0.0  # Wieting & Gimpel: dropout on word input vectors in training (recurrent, avg)
+    gran_type: int = 1  # gran/bigran: 1 = eq. (1); 2-5: the authors' variants (modeling/encoders.py)
     impl: str = "auto"  # recurrent loop: auto | loop | script | native (nn.LSTM/nn.RNN where the variant allows)
 
 
@@ -59,6 +61,11 @@ class LossConfig:
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = False  # also score every other clicked title of the local batch
     pair_weight: str = "none"  # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr
+    # Wieting & Gimpel's regularisers, added to the loss: λ_c/2·‖θ‖² over every parameter but the
+    # token embedding tables, and λ_w/2·‖W − W_initial‖² pulling those tables toward their values at
+    # step 0 (random, or the init_from model's).
+    l2_composition: float = 0.0
+    l2_embeddings: float = 0.0
 
 
 @dataclass
@@ -68,7 +75,7 @@ class DataConfig:
     batch_size: int = 256  # global examples per step, split evenly over ranks and shards
     shuffle_buffer: int = 16_384  # rows per shard shuffled together (shards are written sorted by query)
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
-    scramble: float = 0.0  # Wieting & Gimpel: shuffle a text's word order with this probability
+    scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
 
 
@@ -185,7 +192,7 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None, ba
     return cfg
 
 
-ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "bilstm_avg", "gran", "avg")
+ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "bilstm_avg", "gran", "bigran", "avg")
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -208,5 +215,11 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError(f"model.tokens must be trigrams or words, not {m.tokens!r}")
     if cfg.loss.pair_weight not in PAIR_WEIGHTS:
         raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
+    if not 0 <= m.dropout < 1:
+        raise DssmError("model.dropout must be in [0, 1)")
+    if m.gran_type not in (1, 2, 3, 4, 5):
+        raise DssmError(f"model.gran_type must be 1 to 5, not {m.gran_type}")
+    if cfg.loss.l2_composition < 0 or cfg.loss.l2_embeddings < 0:
+        raise DssmError("loss.l2_composition and loss.l2_embeddings must be >= 0")
     if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:
         raise DssmError("data.word_dropout must be in [0, 1) and data.scramble in [0, 1]")

@@ -118,11 +118,21 @@ class ClickBatches:
                 raise DssmError(f"a row has {len(negatives)} negatives, the manifest says {self.n}")
             docs.append(positive)
             docs.extend(negatives)
-        kw = {"rng": rng, "word_dropout": self.cfg.word_dropout, "scramble": self.cfg.scramble}
+        # Scrambling picks rows, not texts: a row's query and all its titles are shuffled together
+        # (Wieting & Gimpel shuffle both sentences of a pair, before the negatives are chosen).
+        scrambled = np.zeros(len(rows), bool)
+        if rng is not None and self.cfg.scramble > 0:
+            scrambled = rng.random(len(rows)) < self.cfg.scramble
         weights = pair_weights(rows, self.pair_weight)
         queries = [r[0] for r in rows]
         groups = torch.from_numpy(np.unique(np.array(queries, dtype=object), return_inverse=True)[1].astype(np.int64))
-        return self.tokenizer.batch(queries, **kw), self.tokenizer.batch(docs, **kw), weights, groups
+        drop = self.cfg.word_dropout
+        return (
+            self.tokenizer.batch(queries, rng, drop, scrambled),
+            self.tokenizer.batch(docs, rng, drop, np.repeat(scrambled, 1 + self.n)),
+            weights,
+            groups,
+        )
 
 
 def pair_weights(rows: list, kind: str) -> Tensor:

@@ -7,7 +7,9 @@
   semantic layer (Shen et al. 2014).
 - `lstm_avg`: the mean of the LSTM outputs over the words (`bilstm_avg`: both directions, concatenated);
   `gran`: Wieting & Gimpel 2017, eq. (1): mean over t of x_t ⊙ σ(W_x x_t + W_h h_t + b), with h_t
-  the LSTM output and x_t a word vector; `avg`: the mean of the word vectors.
+  the LSTM output and x_t a word vector (`model.gran_type` 2-5: their variants; `bigran`: both
+  directions, summed); `avg`: the mean of the word vectors.
+- `model.dropout`: dropout on every word's input vector (all gates' W·l(t), x_t) while training.
 
 Every input projection is an `nn.EmbeddingBag(mode="sum")` over trigram ids: `W·l(t)` for all
 gates at once. Recurrent encoders can also return their per-step internals (gates, cells,
@@ -35,6 +37,11 @@ def _scatter(flat: Tensor, pos: Tensor, cells: int) -> Tensor:
 def hashed_words(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
     """(word occurrences, dim): W·l(t) for every word of every text, each distinct word hashed once."""
     return bag(batch.ids, batch.offsets).index_select(0, batch.words)
+
+
+def dropped(x: Tensor, p: float, training: bool) -> Tensor:
+    """`model.dropout` on per-word input vectors; p=0 costs nothing."""
+    return nn.functional.dropout(x, p, training) if p > 0 and training else x
 
 
 def word_vectors(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
@@ -120,6 +127,7 @@ class Recurrent(nn.Module):
         self.w_rec = nn.Parameter(torch.empty(gates * cfg.ncell, cfg.ncell))
         self.peep = nn.Parameter(torch.zeros(3, cfg.ncell)) if self.peepholes else None
         self.impl = self._choose_impl(cfg.impl)
+        self.dropout = cfg.dropout
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -140,7 +148,8 @@ class Recurrent(nn.Module):
 
     def run(self, batch: TextBatch, reverse: bool = False, record: bool = False):
         """(outputs per step, internals per step, packed inputs): steps in the packed, sorted order."""
-        packed = pack_words(hashed_words(self.bag, batch), batch.lengths, reverse)
+        words = dropped(hashed_words(self.bag, batch), self.dropout, self.training)
+        packed = pack_words(words, batch.lengths, reverse)
         gate_x = (packed.x[:, : self.gates * self.hidden] if self.extra else packed.x) + self.bias
         internals: list[list[Tensor]] = []
         if self.impl == "native" and not record:
@@ -228,26 +237,75 @@ class LSTMEncoder(nn.Module):
 
 
 class GRANEncoder(nn.Module):
-    """Wieting & Gimpel 2017, eq. (1): g = mean_t x_t ⊙ σ(W_x x_t + W_h h_t + b)."""
+    """Wieting & Gimpel 2017's gated recurrent averaging network, eq. (1), and its variants
+    (`model.gran_type`, as numbered in the authors' code, jwieting/acl2017), with x_t the word
+    vector, h_t the LSTM output and σ(·) a gate over [x_t, h_t] (σ' a second one):
 
-    def __init__(self, vocab_size: int, cfg: ModelConfig):
+    1. GRAN: a_t = x_t ⊙ σ(W_x x_t + W_h h_t + b), g = mean_t a_t
+    2. a_t = h_t ⊙ σ(...), g = mean_t a_t
+    3. a_t = a_{t-1} ⊙ σ(...) + x_t ⊙ σ'(...), g = a_T
+    4. as 3, with a_{t-1} also an input of both gates
+    5. a_t = x_t ⊙ σ(...) + h_t ⊙ σ'(...), g = a_T
+
+    `bidirectional` (encoder `bigran`) adds a second GRAN that reads the text backwards; the two
+    vectors are summed (the authors' "sum layer"), so g stays ncell wide."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig, bidirectional: bool = False, reverse: bool = False):
         super().__init__()
+        self.kind = cfg.gran_type
+        self.reverse = reverse
+        self.dim = cfg.ncell
         self.rnn = Recurrent(vocab_size, cfg, "lstm", extra=cfg.ncell)
         self.w_x = nn.Linear(cfg.ncell, cfg.ncell)
         self.w_h = nn.Linear(cfg.ncell, cfg.ncell, bias=False)
-        self.dim = cfg.ncell
+        if self.kind >= 3:
+            self.w_x2 = nn.Linear(cfg.ncell, cfg.ncell)
+            self.w_h2 = nn.Linear(cfg.ncell, cfg.ncell, bias=False)
+        if self.kind == 4:
+            self.w_a = nn.Linear(cfg.ncell, 2 * cfg.ncell, bias=False)  # a_{t-1} into both gates
+        self.backward_gran = GRANEncoder(vocab_size, cfg, reverse=True) if bidirectional else None
+
+    def _accumulate(self, packed: Packed, x: Tensor, h: Tensor) -> list[Tensor]:
+        """Types 3 and 4: a_t = a_{t-1} ⊙ σ(...) + x_t ⊙ σ'(...), step by step in packed order."""
+        pre1 = packed.steps(self.w_x(x) + self.w_h(h))
+        pre2 = packed.steps(self.w_x2(x) + self.w_h2(h))
+        words = packed.steps(x)
+        steps: list[Tensor] = []
+        a = x.new_zeros(packed.sizes[0], self.dim)
+        for t, n in enumerate(packed.sizes):
+            a = a[:n]
+            g1, g2 = pre1[t], pre2[t]
+            if self.kind == 4:
+                extra = self.w_a(a)
+                g1, g2 = g1 + extra[:, : self.dim], g2 + extra[:, self.dim :]
+            a = a * torch.sigmoid(g1) + words[t] * torch.sigmoid(g2)
+            steps.append(a)
+        return steps
 
     def forward(self, batch: TextBatch, internals: bool = False):
-        outputs, steps, packed = self.rnn.run(batch, record=internals)
+        outputs, steps, packed = self.rnn.run(batch, reverse=self.reverse, record=internals)
         h = torch.cat(outputs)  # packed, aligned with packed.x
-        words = packed.x[:, -self.dim :]  # x_t
-        gate = torch.sigmoid(self.w_x(words) + self.w_h(h))
-        vec = _unsort(packed.sum_per_text(words * gate), packed.rank) / batch.lengths.unsqueeze(1).to(h.dtype)
-        if not internals:
-            return vec
-        found = _internals(steps, outputs, packed.rank, batch, False)
-        found["gran_gate"] = _per_word(packed.steps(gate), packed.rank, batch, False)
-        return vec, found
+        x = packed.x[:, -self.dim :]  # x_t
+        gate = torch.sigmoid(self.w_x(x) + self.w_h(h))
+        if self.kind in (1, 2):
+            a = (x if self.kind == 1 else h) * gate
+            vec = _unsort(packed.sum_per_text(a), packed.rank) / batch.lengths.unsqueeze(1).to(h.dtype)
+        else:
+            if self.kind == 5:
+                second = torch.sigmoid(self.w_x2(x) + self.w_h2(h))
+                a_steps = packed.steps(x * gate + h * second)
+            else:
+                a_steps = self._accumulate(packed, x, h)
+            vec = _unsort(last_states(a_steps, packed.sizes), packed.rank)
+        found: dict[str, Tensor] = {}
+        if internals:
+            found = _internals(steps, outputs, packed.rank, batch, self.reverse)
+            found["gran_gate"] = _per_word(packed.steps(gate), packed.rank, batch, self.reverse)
+        if self.backward_gran is not None:
+            back, back_found = self.backward_gran(batch, True) if internals else (self.backward_gran(batch), {})
+            vec = vec + back
+            found.update({f"bw_{k}": v for k, v in back_found.items()})
+        return (vec, found) if internals else vec
 
 
 class AvgEncoder(nn.Module):
@@ -258,11 +316,13 @@ class AvgEncoder(nn.Module):
         super().__init__()
         self.bag = nn.EmbeddingBag(vocab_size, cfg.ncell, mode="sum")
         self.dim = cfg.ncell
+        self.dropout = cfg.dropout
         nn.init.uniform_(self.bag.weight, -1 / math.sqrt(cfg.ncell), 1 / math.sqrt(cfg.ncell))
 
     def forward(self, batch: TextBatch, internals: bool = False):
         lengths = batch.lengths.to(self.bag.weight.device)
-        vec = text_sums(hashed_words(self.bag, batch), lengths) / lengths.unsqueeze(1).to(self.bag.weight.dtype)
+        words = dropped(hashed_words(self.bag, batch), self.dropout, self.training)
+        vec = text_sums(words, lengths) / lengths.unsqueeze(1).to(self.bag.weight.dtype)
         return (vec, {}) if internals else vec
 
 
@@ -329,6 +389,8 @@ def build_encoder(vocab_size: int, cfg: ModelConfig) -> nn.Module:
         return AvgEncoder(vocab_size, cfg)
     if kind == "gran":
         return GRANEncoder(vocab_size, cfg)
+    if kind == "bigran":
+        return GRANEncoder(vocab_size, cfg, bidirectional=True)
     if kind == "dssm":
         return DSSMEncoder(vocab_size, cfg)
     if kind == "clsm":

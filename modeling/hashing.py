@@ -108,12 +108,18 @@ class Tokenizer:
         return [self._trigrams[w] for w in self.text(text)]
 
     def batch(
-        self, texts: list[str], rng: np.random.Generator | None = None, word_dropout: float = 0.0, scramble: float = 0.0
+        self,
+        texts: list[str],
+        rng: np.random.Generator | None = None,
+        word_dropout: float = 0.0,
+        scrambled: np.ndarray | None = None,
     ) -> TextBatch:
-        """Tokenise `texts`; with `rng`, apply word dropout and scrambling (Wieting & Gimpel 2017)."""
+        """Tokenise `texts`; with `rng`, drop words and shuffle the word order of the texts flagged in
+        `scrambled` (Wieting & Gimpel 2017's regularisers; the caller flags whole pairs)."""
         parts = [self.text(t) for t in texts]
-        if rng is not None and (word_dropout > 0 or scramble > 0):
-            parts = [_perturb(p, rng, word_dropout, scramble) for p in parts]
+        if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
+            flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
+            parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
         distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
         bags = [self._trigrams[w] for w in distinct]
         sizes = np.fromiter((len(b) for b in bags), np.int64, len(bags))
@@ -127,13 +133,13 @@ class Tokenizer:
         )
 
 
-def _perturb(word_ids: np.ndarray, rng: np.random.Generator, word_dropout: float, scramble: float) -> np.ndarray:
+def _perturb(word_ids: np.ndarray, rng: np.random.Generator, word_dropout: float, scramble: bool) -> np.ndarray:
     n = len(word_ids)
     if word_dropout > 0 and n > 1:
         keep = rng.random(n) >= word_dropout
         if not keep.any():  # never drop a whole text
             keep[rng.integers(n)] = True
         word_ids = word_ids[keep]
-    if scramble > 0 and len(word_ids) > 1 and rng.random() < scramble:
+    if scramble and len(word_ids) > 1:
         word_ids = rng.permutation(word_ids)
     return word_ids

@@ -85,3 +85,22 @@ def training_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None,
     if cfg.objective == "paraphrase":
         return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
     return click_loss(q, d, cfg, weights)
+
+
+def embedding_tables(model: nn.Module) -> dict[str, Tensor]:
+    """The token embedding tables (every `*.bag.weight`): W of Wieting & Gimpel's λ_w term."""
+    return {name: p for name, p in model.named_parameters() if name.endswith("bag.weight")}
+
+
+def regulariser(model: nn.Module, initial: dict[str, Tensor], cfg: LossConfig) -> Tensor | None:
+    """λ_c/2·‖θ_composition‖² + λ_w/2·‖W − W_initial‖² (None when both are off). `initial` holds
+    the embedding tables at step 0; shared towers count their parameters once."""
+    terms = []
+    if cfg.l2_composition > 0:
+        squares = [p.pow(2).sum() for name, p in model.named_parameters() if not name.endswith("bag.weight")]
+        terms.append(0.5 * cfg.l2_composition * torch.stack(squares).sum())
+    if cfg.l2_embeddings > 0:
+        tables = embedding_tables(model)
+        squares = [(tables[name] - start).pow(2).sum() for name, start in initial.items()]
+        terms.append(0.5 * cfg.l2_embeddings * torch.stack(squares).sum())
+    return torch.stack(terms).sum() if terms else None

@@ -29,7 +29,7 @@ from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint, warm_sta
 from modeling.config import TrainConfig, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
-from modeling.model import TwoTower, training_loss
+from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
 from modeling.optim import build_optimizer, set_momentum
 
 log = logging.getLogger("dssm.train")
@@ -204,10 +204,12 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     model = TwoTower(vocab.size, cfg.model).to(device)
     optimizer = build_optimizer(model, cfg.optim)
     step = 0
-    if cfg.init_from and state is None:
+    # A resumed run rebuilds its step-0 weights too when loss.l2_embeddings pulls toward them.
+    if cfg.init_from and (state is None or cfg.loss.l2_embeddings > 0):
         copied = warm_start(model, vocab, cfg.init_from)
-        if d.main:
+        if d.main and state is None:
             log.info("init_from %s: %d tensors and %d embedding rows copied", cfg.init_from, *copied.values())
+    initial = {n: p.detach().clone() for n, p in embedding_tables(model).items()} if cfg.loss.l2_embeddings else {}
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -295,8 +297,9 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
                     q, dv = ddp(queries.to(device), docs.to(device))
                 weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
                 loss = training_loss(q, dv, cfg.loss, weighted, groups)
+                penalty = regulariser(model, initial, cfg.loss)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                (loss if penalty is None else loss + penalty).backward()
                 norm = clip_gradients(model, cfg.optim.clip_norm)
                 if not math.isfinite(norm):  # the norm is reduced over ranks: every rank stops here
                     raise DssmError(
@@ -311,9 +314,10 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
                     train_loss = mean_over_ranks(window_loss / window_steps, d)
                     elapsed = time.perf_counter() - window_start
                     rate = window_steps * cfg.data.batch_size / elapsed
-                    tracker.metrics(
-                        {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}, step
-                    )
+                    values = {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}
+                    if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
+                        values["regulariser"] = float(penalty.detach())
+                    tracker.metrics(values, step)
                     bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
                     window_loss.zero_()
                     window_steps, window_start = 0, time.perf_counter()

@@ -191,3 +191,72 @@ def test_config_overrides_and_errors(tmp_path):
         load_config(None, ["epochs=many"])
     with pytest.raises(DssmError, match="key=value"):
         load_config(None, ["epochs"])
+
+
+def gran_reference(enc, batch) -> torch.Tensor:
+    """Wieting & Gimpel's GRAN and its variants for one text, step by step, from the encoder's own
+    LSTM outputs h_t and word vectors x_t."""
+    from modeling.encoders import hashed_words
+
+    _, found = enc(batch, internals=True)
+    h = found["y"][0].double()
+    x = hashed_words(enc.rnn.bag, batch)[:, -enc.dim :].double()  # one text: words in order
+
+    def gate(wx, wh, t, extra=0.0):
+        bias = wx.bias.double() if wx.bias is not None else 0.0
+        return torch.sigmoid(wx.weight.double() @ x[t] + bias + wh.weight.double() @ h[t] + extra)
+
+    a = torch.zeros(enc.dim, dtype=torch.float64)
+    steps = []
+    for t in range(len(x)):
+        g = gate(enc.w_x, enc.w_h, t, enc.w_a.weight.double()[: enc.dim] @ a if enc.kind == 4 else 0.0)
+        if enc.kind == 1:
+            a = x[t] * g
+        elif enc.kind == 2:
+            a = h[t] * g
+        elif enc.kind == 5:
+            a = x[t] * g + h[t] * gate(enc.w_x2, enc.w_h2, t)
+        else:
+            extra = enc.w_a.weight.double()[enc.dim :] @ a if enc.kind == 4 else 0.0
+            a = a * g + x[t] * gate(enc.w_x2, enc.w_h2, t, extra)
+        steps.append(a)
+    return torch.stack(steps).mean(0) if enc.kind in (1, 2) else steps[-1]
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4, 5])
+def test_gran_variants_follow_their_equations(tokenizer, kind):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("gran", gran_type=kind))
+    together = enc(tokenizer.batch(TEXTS))
+    for j, text in enumerate(TEXTS):
+        expected = gran_reference(enc, tokenizer.batch([text]))
+        torch.testing.assert_close(together[j].double(), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_bigran_adds_a_gran_that_reads_the_text_backwards(tokenizer):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("bigran"))
+    backward_alone = build_encoder(tokenizer.vocab.size, tiny_cfg("gran"))
+    backward_alone.load_state_dict(enc.backward_gran.state_dict())
+    text = "outdoor led lamp for home"
+    vec, found = enc(tokenizer.batch([text]), internals=True)
+    reversed_text = backward_alone(tokenizer.batch([" ".join(reversed(text.split()))]))
+    enc.backward_gran = None  # the forward GRAN alone
+    torch.testing.assert_close(vec, enc(tokenizer.batch([text])) + reversed_text, atol=1e-6, rtol=1e-5)
+    assert found["bw_y"].shape == found["y"].shape == (1, 5, 6)
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "gran", "avg"])
+def test_dropout_acts_in_training_only(tokenizer, encoder):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, dropout=0.5))
+    plain = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder))
+    plain.load_state_dict(enc.state_dict())
+    batch = tokenizer.batch(TEXTS)
+    enc.eval()
+    torch.testing.assert_close(enc(batch), plain(batch))
+    enc.train()
+    torch.manual_seed(1)
+    first = enc(batch)
+    torch.manual_seed(1)
+    assert not torch.allclose(first, plain(batch)) and torch.equal(first, enc(batch))

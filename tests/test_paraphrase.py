@@ -115,11 +115,16 @@ def test_word_tokens_are_one_id_per_word(paraphrase_data):
     assert ids[1][1].tolist() == [0] and ids[0][1].tolist() == [words.index["lamp"]]
 
 
-@pytest.mark.parametrize("encoder,tokens", [("gran", "trigrams"), ("avg", "words")])
-def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, tokens):
+# gran also with every regulariser of Wieting & Gimpel's section 4.2 on
+REGULARISED = ["model.dropout=0.1", "data.word_dropout=0.1", "data.scramble=0.3", "loss.l2_composition=1e-5"]
+REGULARISED += ["loss.l2_embeddings=1e-4"]
+
+
+@pytest.mark.parametrize("encoder,tokens,extra", [("gran", "trigrams", REGULARISED), ("avg", "words", [])])
+def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, tokens, extra):
     run = tmp_path / "run"
     args = ["train", "--workdir", str(paraphrase_data), "--objective", "paraphrase", f"model.encoder={encoder}"]
-    args += [f"model.tokens={tokens}", "model.ncell=8", "data.batch_size=16", "epochs=8", "optim.name=adam"]
+    args += [f"model.tokens={tokens}", "model.ncell=8", "data.batch_size=16", "epochs=8", "optim.name=adam", *extra]
     args += ["optim.lr=0.01", "threads=1", f"out={run}", f"mlflow_uri=sqlite:///{tmp_path}/m.db"]
     assert dssm_main(args) == 0
     model, tokenizer, cfg = load_model(run)
@@ -128,6 +133,8 @@ def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, 
     run_id = torch.load(run / "last.pt", weights_only=False)["mlflow_run_id"]
     losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
     assert losses[-1] < losses[0]
+    penalties = [m.value for m in client.get_metric_history(run_id, "regulariser")]
+    assert (len(penalties) == len(losses) and min(penalties) > 0) if extra else not penalties
 
     # warm start (init_from): a two-tower click model of the same encoder starts from g in both towers,
     # embedding rows matched by token across the two vocabularies
@@ -180,3 +187,40 @@ def test_paraphrase_objective_needs_one_encoder(paraphrase_data, tmp_path, capsy
     args = ["train", "--workdir", str(paraphrase_data), "loss.objective=paraphrase", f"out={tmp_path / 'r'}"]
     assert dssm_main(args) == 2
     assert "model.shared_towers=true" in capsys.readouterr().err
+
+
+def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
+    from modeling.config import DataConfig
+    from modeling.data import ClickBatches, train_files
+
+    tokenizer = Tokenizer(Vocab.load(paraphrase_data / "vocab"), max_words=40)
+    cfg = DataConfig(batch_size=2, scramble=0.5)
+    batches = ClickBatches(train_files(paraphrase_data / "negatives"), 0, 1, cfg, tokenizer, 0, seed=1)
+    words = "one two three four five six seven eight nine".split()
+    rows = [(" ".join(words), " ".join(reversed(words)), [], 1, 1) for _ in range(40)]
+
+    def word_orders(batch):
+        return [tuple(x) for x in torch.split(batch.words, batch.lengths.tolist())]
+
+    plain_q, plain_d, _, _ = batches.encode(rows)
+    queries, docs, _, _ = batches.encode(rows, np.random.default_rng(0))
+    q_moved = [a != b for a, b in zip(word_orders(queries), word_orders(plain_q), strict=True)]
+    d_moved = [a != b for a, b in zip(word_orders(docs), word_orders(plain_d), strict=True)]
+    assert q_moved == d_moved and 5 < sum(q_moved) < 35  # whole pairs, about half of them
+
+
+def test_regularisers_by_hand():
+    from modeling.config import LossConfig, ModelConfig
+    from modeling.model import TwoTower, embedding_tables, regulariser
+
+    torch.manual_seed(0)
+    model = TwoTower(30, ModelConfig(encoder="gran", ncell=4, shared_towers=True))
+    initial = {n: p.detach().clone() for n, p in embedding_tables(model).items()}
+    assert list(initial) == ["query_encoder.rnn.bag.weight"]  # one shared table, counted once
+    assert regulariser(model, initial, LossConfig()) is None
+    composition = sum(float(p.pow(2).sum()) for n, p in model.named_parameters() if "bag" not in n)
+    value = regulariser(model, initial, LossConfig(l2_composition=0.1, l2_embeddings=2.0))
+    assert float(value) == pytest.approx(0.05 * composition, rel=1e-5)  # embeddings still at step 0
+    with torch.no_grad():
+        model.query_encoder.rnn.bag.weight[3, :2] += 0.5
+    assert float(regulariser(model, initial, LossConfig(l2_embeddings=2.0))) == pytest.approx(0.5, rel=1e-5)
