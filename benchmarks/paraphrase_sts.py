@@ -23,13 +23,23 @@ WIKI_AUTO = SHARED / "wikiauto-gem2021-valid" / "valid.tsv.gz"
 CLICK_LSTM = Path("bench-work/hd/train/lstm")
 COMMON = ["epochs=5", "data.batch_size=100", "model.ncell=128", "optim.name=adam", "optim.lr=0.001", "seed=1"]
 COMMON += ["experiment=wikiauto-paraphrase", "dataset=wikiauto-gem2021-valid"]
+FORGET = ["model.forget_gate=true", "model.peepholes=true"]  # the LSTM of Wieting & Gimpel's code (lasagne's)
 CONFIGS = {
     "avg": ["model.encoder=avg"],
     "lstm": ["model.encoder=lstm"],
     "lstm-worddrop": ["model.encoder=lstm", "data.word_dropout=0.3"],
     "lstm-scramble": ["model.encoder=lstm", "data.scramble=0.5"],
+    "lstm-dropout": ["model.encoder=lstm", "model.dropout=0.3"],
+    "lstm-l2": ["model.encoder=lstm", "loss.l2_composition=1e-5"],
     "lstm_avg": ["model.encoder=lstm_avg"],
+    "lstm-forget": ["model.encoder=lstm", *FORGET],
+    "lstm_avg-forget": ["model.encoder=lstm_avg", *FORGET],
     "gran": ["model.encoder=gran"],
+    "gran-2": ["model.encoder=gran", "model.gran_type=2"],
+    "gran-3": ["model.encoder=gran", "model.gran_type=3"],
+    "gran-4": ["model.encoder=gran", "model.gran_type=4"],
+    "gran-5": ["model.encoder=gran", "model.gran_type=5"],
+    "bigran": ["model.encoder=bigran"],
 }
 
 

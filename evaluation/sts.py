@@ -63,19 +63,36 @@ class StsResult:
         return [f"{self.suites[s]:.1f}" if s in self.suites else "–" for s in SUITES]
 
 
-def score_system(name: str, embed, files: list[StsFile]) -> StsResult:
-    """Pearson/Spearman × 100 of cos(embed(s1), embed(s2)) against gold, per file and per suite."""
-    result = StsResult(name)
-    per_suite: dict[str, list[float]] = {}
+@dataclass(frozen=True)
+class StsSet:
+    """One file's scored pairs, normalised as the training data is (read once for every system)."""
+
+    file: StsFile
+    s1: list[str]
+    s2: list[str]
+    gold: np.ndarray
+
+
+def load_sets(files: list[StsFile]) -> list[StsSet]:
+    sets = []
     for f in files:
         pairs, _ = read_pairs(f.path, f.fmt)
         s1 = [sentence_norm(p.s1) for p in pairs]
         s2 = [sentence_norm(p.s2) for p in pairs]
-        gold = np.array([p.score for p in pairs])
-        predicted = cosine_scores(s1, s2, embed)
-        pearson = 100 * float(stats.pearsonr(predicted, gold).statistic)
-        spearman = 100 * float(stats.spearmanr(predicted, gold).statistic)
-        result.files[f"{f.suite}/{f.name}"] = {"pearson": pearson, "spearman": spearman, "n": len(pairs)}
+        sets.append(StsSet(f, s1, s2, np.array([p.score for p in pairs])))
+    return sets
+
+
+def score_system(name: str, embed, sets: list[StsSet]) -> StsResult:
+    """Pearson/Spearman × 100 of cos(embed(s1), embed(s2)) against gold, per file and per suite."""
+    result = StsResult(name)
+    per_suite: dict[str, list[float]] = {}
+    for data in sets:
+        f = data.file
+        predicted = cosine_scores(data.s1, data.s2, embed)
+        pearson = 100 * float(stats.pearsonr(predicted, data.gold).statistic)
+        spearman = 100 * float(stats.spearmanr(predicted, data.gold).statistic)
+        result.files[f"{f.suite}/{f.name}"] = {"pearson": pearson, "spearman": spearman, "n": len(data.gold)}
         per_suite.setdefault(f.suite, []).append(pearson)
     result.suites = {s: float(np.mean(v)) for s, v in per_suite.items()}
     result.suites["STS avg"] = float(np.mean([v for s, v in result.suites.items() if s.startswith("STS1")]))
@@ -112,9 +129,10 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
     if not systems:
         raise DssmError("nothing to score: give --model and/or --baselines minilm")
     results = []
+    sets = load_sets(files)
     for name, embed, _ in systems:
         t = time.perf_counter()
-        results.append(score_system(name, embed, files))
+        results.append(score_system(name, embed, sets))
         log.info("%-12s STS avg %.1f  (%.0fs)", name, results[-1].suites["STS avg"], time.perf_counter() - t)
     data_sha = hashlib.sha256("".join(sha256_file(f.path) for f in files).encode()).hexdigest()
     uri = cfg.mlflow_uri or default_tracking_uri(Path(cfg.out).resolve().parent)

@@ -33,7 +33,7 @@ from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date,
 from dssm.errors import DssmError
 from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
-from jobs.spark import distinct_count, write_parquet
+from jobs.spark import distinct_count, stable_layout, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +131,6 @@ def click_pairs(kept: DataFrame) -> DataFrame:
     )
 
 
-def _ordered(df: DataFrame, rows: int, cfg: CleanConfig, *keys: str) -> DataFrame:
-    """Hash-partitioned and sorted, so a rerun writes the same bytes whatever the input layout."""
-    files = max(1, -(-rows // cfg.rows_per_file))
-    return df.repartition(files, *keys).sortWithinPartitions(*keys)
-
-
 def clean(
     spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(), force: bool = False
 ) -> dict[str, Any]:
@@ -183,13 +177,14 @@ def clean(
             all_pairs = click_pairs(kept).persist()
             pairs_total = all_pairs.count()
         with timed("write pairs and titles"):
-            pairs_df = _ordered(all_pairs.where(F.col("clicks") > 0), pairs_total, cfg, "query", "title")
+            clicked = all_pairs.where(F.col("clicks") > 0)
+            pairs_df = stable_layout(clicked, pairs_total, cfg.rows_per_file, "query", "title")
             n_pairs = write_parquet(pairs_df, tmp / "pairs", CLICK_PAIRS)
 
             titles = all_pairs.groupBy("title").agg(
                 F.sum("impressions").alias("impressions"), F.sum("clicks").alias("clicks")
             )
-            titles_df = _ordered(titles, pairs_total, cfg, "title")
+            titles_df = stable_layout(titles, pairs_total, cfg.rows_per_file, "title")
             n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
         rejects = status.where(F.col("status") != "kept").select(
@@ -204,7 +199,7 @@ def clean(
             "line",
         )
         with timed("write rejects"):
-            rejects_df = _ordered(rejects, rejected, cfg, "source", "line")
+            rejects_df = stable_layout(rejects, rejected, cfg.rows_per_file, "source", "line")
             n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
         drops.unpersist()
         all_pairs.unpersist()

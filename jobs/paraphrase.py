@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -23,7 +23,7 @@ from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date,
 from dssm.errors import DssmError
 from dssm.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
-from jobs.spark import distinct_count, write_parquet
+from jobs.spark import distinct_count, stable_layout, write_parquet
 
 log = logging.getLogger(__name__)
 ROWS_PER_FILE = 200_000
@@ -55,11 +55,6 @@ def _parser(cfg: ParaphraseConfig):
     return F.udf(parse, _PARSED)
 
 
-def _layout(df: DataFrame, rows: int, *keys: str) -> DataFrame:
-    """Hash-partitioned and sorted: a rerun writes the same bytes."""
-    return df.repartition(max(1, -(-rows // ROWS_PER_FILE)), *keys).sortWithinPartitions(*keys)
-
-
 def paraphrase(
     spark: SparkSession, input_path: str, out: Path, cfg: ParaphraseConfig = ParaphraseConfig(), force: bool = False
 ) -> dict[str, Any]:
@@ -84,10 +79,11 @@ def paraphrase(
         kept = parsed.where(F.col("reason") == "kept")
         pairs = kept.groupBy(F.col("s1").alias("query"), F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
         pairs = pairs.withColumn("impressions", F.col("clicks"))
-        n_pairs = write_parquet(_layout(pairs, kept_n, "query", "title"), tmp / "pairs", CLICK_PAIRS)
+        pairs = stable_layout(pairs, kept_n, ROWS_PER_FILE, "query", "title")
+        n_pairs = write_parquet(pairs, tmp / "pairs", CLICK_PAIRS)
         titles = kept.groupBy(F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
         titles = titles.withColumn("impressions", F.col("clicks"))
-        n_titles = write_parquet(_layout(titles, kept_n, "title"), tmp / "titles", TITLES)
+        n_titles = write_parquet(stable_layout(titles, kept_n, ROWS_PER_FILE, "title"), tmp / "titles", TITLES)
         rejects = parsed.where(F.col("reason") != "kept").select(
             "source",
             "reason",
@@ -96,7 +92,8 @@ def paraphrase(
             F.lit(None).cast("string").alias("impression_id"),
             F.lit(None).cast("string").alias("user_id"),
         )
-        n_rejects = write_parquet(_layout(rejects, lines_read - kept_n, "source", "raw"), tmp / "rejects", REJECTS)
+        rejects = stable_layout(rejects, lines_read - kept_n, ROWS_PER_FILE, "source", "raw")
+        n_rejects = write_parquet(rejects, tmp / "rejects", REJECTS)
         parsed.unpersist()
         if lines_read != kept_n + n_rejects:
             raise DssmError(f"internal error: read {lines_read} != kept {kept_n} + rejected {n_rejects}")

@@ -71,6 +71,12 @@ class LazySpark:
         return getattr(self._session, name)
 
 
+def stable_layout(df: DataFrame, rows: int, rows_per_file: int, *keys: str) -> DataFrame:
+    """Hash-partitioned by `keys` into ceil(rows / rows_per_file) files and sorted within them, so
+    a rerun writes the same bytes whatever the input layout."""
+    return df.repartition(max(1, -(-rows // rows_per_file)), *keys).sortWithinPartitions(*keys)
+
+
 def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = None) -> int:
     """Write `df` cast to the contract `schema` as `path/part-NNNNN.parquet`; returns its row count.
 
