@@ -113,10 +113,15 @@ def _from_mlflow(uri: str) -> System:
 
 
 def unique_names(systems: list[System]) -> None:
-    """Two models of the same encoder get a short suffix so their rows and runs stay apart."""
-    seen: dict[str, int] = {}
+    """Two models of the same encoder stay apart: the second takes its run directory's name (a
+    `dssm train` out dir such as train/lstm-para), else a short hash suffix."""
+    seen: set[str] = set()
     for s in systems:
         if s.name in seen:
-            key = s.tags.get("checkpoint_sha256") or s.tags.get("model_uri") or str(len(seen))
-            s.name = f"{s.name}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
-        seen[s.name] = 1
+            run_dir = s.checkpoint.parent.name if s.checkpoint is not None else ""
+            if run_dir and run_dir not in seen and not s.tags.get("model_uri"):
+                s.name = run_dir
+            else:
+                key = s.tags.get("checkpoint_sha256") or s.tags.get("model_uri") or str(len(seen))
+                s.name = f"{s.name}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
+        seen.add(s.name)

@@ -125,3 +125,17 @@ def test_report_table_significance_and_trec_files(tmp_path):
 
 def test_paired_test_identical_is_one():
     assert paired_test(np.array([0.1, 0.5]), np.array([0.1, 0.5])) == 1.0
+
+
+def test_two_models_of_one_encoder_get_distinct_names():
+    from pathlib import Path
+
+    from evaluation.systems import System, unique_names
+
+    def trained(run: str, sha: str) -> System:
+        return System("lstm", "trained", None, tags={"checkpoint_sha256": sha}, checkpoint=Path(run) / "last.pt")
+
+    systems = [trained("/a/train/lstm", "1"), trained("/a/train/lstm-para", "2"), trained("/b/train/lstm", "3")]
+    unique_names(systems)
+    names = [s.name for s in systems]
+    assert names[:2] == ["lstm", "lstm-para"] and names[2].startswith("lstm-") and len(set(names)) == 3

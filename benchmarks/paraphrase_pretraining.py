@@ -1,0 +1,90 @@
+"""Does paraphrase pre-training help retrieval? One command (after `make table4`, whose Home Depot
+work dir and scratch LSTM-RNN it reuses):
+
+    .venv/bin/python benchmarks/paraphrase_pretraining.py
+
+1. `dssm train --objective paraphrase` trains the paper's LSTM-RNN (ncell 96, no forget gate) on the
+   Wiki-Auto pairs of `benchmarks/paraphrase_sts.py` (its best LSTM regulariser: word dropout 0.3);
+2. `dssm train init_from=...` trains the Home Depot click model from it, with Table IV's chosen
+   config (homedepot_table4.CHOSEN), both towers starting from the one paraphrase encoder;
+3. `dssm evaluate` scores it beside the scratch model on the validation queries (--dev) and on the
+   test queries. Finished runs are kept, not redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm
+from paraphrase_sts import COMMON, WIKI_AUTO
+
+from evaluation.protocol import CUTOFFS, ndcg, paired_test
+
+
+def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
+    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
+    qrels: dict[str, dict[str, float]] = {}
+    for line in (report / "qrels.txt").read_text().splitlines():
+        query, _, doc, label = line.split()
+        qrels.setdefault(query, {})[doc] = float(label)
+    min_label = min(v for docs in qrels.values() for v in docs.values())
+    ranked: dict[str, list[str]] = {}
+    for line in (report / "runs" / f"{system}.run").read_text().splitlines():
+        query, _, doc, *_ = line.split()
+        ranked.setdefault(query, []).append(doc)
+    return {
+        q: ndcg(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float), k, min_label)
+        for q, docs in ranked.items()
+    }
+
+
+def compare(report: Path, a: str, b: str) -> str:
+    """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
+    cells = []
+    for k in CUTOFFS:
+        x, y = per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)
+        queries = sorted(x)
+        xa, yb = np.array([x[q] for q in queries]), np.array([y[q] for q in queries])
+        cells.append(f"NDCG@{k} {100 * (yb.mean() - xa.mean()):+.2f} (p={paired_test(yb, xa):.3f})")
+    return f"{b} − {a}: " + ", ".join(cells)
+
+
+PRETRAIN = [*COMMON, "model.ncell=96", "model.encoder=lstm", "data.word_dropout=0.3"]  # later keys win
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--para-workdir", type=Path, default=Path("bench-work/para"))
+    p.add_argument("--hd-workdir", type=Path, default=Path("bench-work/hd"))
+    args = p.parse_args()
+    para, hd = args.para_workdir, args.hd_workdir
+    scratch = hd / "train" / "lstm"
+    if not HOME_DEPOT.exists() or not WIKI_AUTO.exists():
+        sys.exit("this benchmark needs ../shared/data (see README)")
+    if not (scratch / "last.pt").exists():
+        sys.exit(f"{scratch}: no scratch LSTM-RNN; run `make table4` first")
+    dssm("paraphrase", "--input", str(WIKI_AUTO), "--out", str(para / "clean"))
+    dssm("vocab", "--clean", str(para / "clean"), "--out", str(para / "vocab"))
+    dssm("negatives", "--clean", str(para / "clean"), "--out", str(para / "negatives"), "-n", "0", "--shards", "2")
+    pretrained = para / "train" / "lstm96"
+    if not (pretrained / "last.pt").exists():
+        dssm("train", "--workdir", str(para), "--objective", "paraphrase", *PRETRAIN, f"out={pretrained}")
+    warm = hd / "train" / "lstm-para"
+    if not (warm / "last.pt").exists():
+        overrides = ["model.encoder=lstm", *CHOSEN, f"init_from={pretrained}", f"out={warm}", "run_name=lstm-para"]
+        dssm("train", "--workdir", str(hd), *overrides)
+    models = ["--model", str(scratch), "--model", str(warm)]
+    common = ["evaluate", "--judgments", str(HOME_DEPOT), "--baselines", "bm25", "--no-register", *models]
+    dssm(*common, "--dev", str(hd / "negatives"), "--out", str(hd / "pretrain-dev"))
+    dssm(*common, "--out", str(hd / "pretrain-test"))
+    for split in ("dev", "test"):
+        report = hd / f"pretrain-{split}"
+        print(f"## {split}\n" + (report / "report.md").read_text())
+        print(compare(report, "lstm", "lstm-para") + "\n")
+
+
+if __name__ == "__main__":
+    main()
