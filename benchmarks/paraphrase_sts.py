@@ -8,6 +8,11 @@
    settings (COMMON) into WORKDIR/train/NAME (finished runs are kept, not redone);
 3. `dssm sts` scores them, MiniLM and, if present, the click-trained LSTM-RNN of `make table4`
    (bench-work/hd/train/lstm) on STS 2012-2016, STS-B test and SICK test.
+
+The supervised setting trains on a scored set's high-scoring train pairs instead, e.g.
+
+    .venv/bin/python benchmarks/paraphrase_sts.py --pairs ../shared/data/stsbenchmark/sts-train.csv \
+        --format stsb --min-score 4 --workdir bench-work/sts-sup --configs gran --set epochs=20 --no-minilm
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKI_AUTO = SHARED / "wikiauto-gem2021-valid" / "valid.tsv.gz"
 CLICK_LSTM = Path("bench-work/hd/train/lstm")
 COMMON = ["epochs=5", "data.batch_size=100", "model.ncell=128", "optim.name=adam", "optim.lr=0.001", "seed=1"]
-COMMON += ["experiment=wikiauto-paraphrase", "dataset=wikiauto-gem2021-valid"]
 FORGET = ["model.forget_gate=true", "model.peepholes=true"]  # the LSTM of Wieting & Gimpel's code (lasagne's)
 CONFIGS = {
     "avg": ["model.encoder=avg"],
@@ -47,20 +51,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=Path, default=WIKI_AUTO, help="paraphrase pairs (default: %(default)s)")
     p.add_argument("--workdir", type=Path, default=Path("bench-work/para"))
+    p.add_argument("--format", default="pairs", help="dssm paraphrase --format (default: %(default)s)")
+    p.add_argument("--min-score", help="dssm paraphrase --min-score, for scored sets")
     p.add_argument("--configs", default=",".join(CONFIGS), help="(default: %(default)s)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides, applied last, e.g. epochs=20")
     p.add_argument("--no-minilm", action="store_true", help="leave the MiniLM row out (it takes ~2 min on CPU)")
     args = p.parse_args()
     if not args.pairs.exists():
         sys.exit(f"{args.pairs} not found: this benchmark needs ../shared/data (see README)")
     work = args.workdir
-    dssm("paraphrase", "--input", str(args.pairs), "--out", str(work / "clean"))
+    scored = ["--min-score", args.min_score] if args.min_score else []
+    dssm("paraphrase", "--input", str(args.pairs), "--format", args.format, *scored, "--out", str(work / "clean"))
     dssm("vocab", "--clean", str(work / "clean"), "--out", str(work / "vocab"))
     dssm("negatives", "--clean", str(work / "clean"), "--out", str(work / "negatives"), "-n", "0", "--shards", "2")
+    dataset = args.pairs.parent.name  # the ../shared/data folder, e.g. wikiauto-gem2021-valid
+    common = [*COMMON, f"experiment={dataset}-paraphrase", f"dataset={dataset}"]
     models = []
     for name in args.configs.split(","):
         out = work / "train" / name
         if not (out / "last.pt").exists():
-            dssm("train", "--workdir", str(work), "--objective", "paraphrase", *COMMON, *CONFIGS[name], f"out={out}")
+            overrides = [*common, *CONFIGS[name], *args.set, f"out={out}"]
+            dssm("train", "--workdir", str(work), "--objective", "paraphrase", *overrides)
         models += ["--model", str(out)]
     if CLICK_LSTM.exists():
         models += ["--model", str(CLICK_LSTM)]
