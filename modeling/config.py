@@ -192,6 +192,17 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None, ba
     return cfg
 
 
+def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """How `cfg` differs from a checkpoint's saved config, as "key old -> new". Keys added to the
+    config since the checkpoint was written read as their defaults, which keep the behaviour it had,
+    so a code update alone does not make a finished run stale."""
+    try:
+        before = load_config(base=stored).flat()
+    except DssmError as e:  # a key since removed, or a value no longer valid
+        return [str(e)]
+    return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in cfg.flat().items() if before.get(k) != v]
+
+
 ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "bilstm_avg", "gran", "bigran", "avg")
 
 

@@ -26,7 +26,7 @@ from dssm.artifacts import require_manifest
 from dssm.errors import DssmError
 from dssm.tracking import default_tracking_uri, experiment_id
 from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint, warm_start
-from modeling.config import TrainConfig, load_config
+from modeling.config import TrainConfig, config_changes, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
@@ -169,8 +169,11 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             raise DssmError(f"{out}/{LAST} was trained with another vocabulary than {cfg.data.vocab}; cannot resume")
         if state["dataset_sha256"] != neg_manifest["content_sha256"]:
             raise DssmError(f"{out}/{LAST} was trained on other negatives than {negatives}; cannot resume")
-        if state["config"]["model"] != cfg.to_dict()["model"]:
-            raise DssmError(f"{out}/{LAST} has another model config; resume with the same model settings")
+        model_changes = [c for c in config_changes(state["config"], cfg) if c.startswith("model.")]
+        if model_changes:
+            raise DssmError(
+                f"{out}/{LAST} has another model config ({', '.join(model_changes)}); resume with the same model"
+            )
 
     tokenizer = Tokenizer(vocab, cfg.model.max_words)
     batches = ClickBatches(
@@ -188,7 +191,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
 
-    if state is not None and state["step"] >= total and state["config"] == cfg.to_dict():
+    if state is not None and state["step"] >= total and not config_changes(state["config"], cfg):
         if d.main:
             log.info("%s: already trained (%d steps with this config and data); nothing to do", out, state["step"])
         return {
@@ -361,8 +364,9 @@ def stale_run(cfg: TrainConfig) -> str | None:
         return "the negatives changed"
     if state["vocab"]["sha256"] != require_manifest(Path(cfg.data.vocab), "vocab")["content_sha256"]:
         return "the vocabulary changed"
-    if state["config"] != cfg.to_dict():
-        return "the training config changed"
+    changed = config_changes(state["config"], cfg)
+    if changed:
+        return f"the training config changed ({', '.join(changed)})"
     return None
 
 

@@ -117,6 +117,8 @@ def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, ca
 def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_torchrun(tiny_data, tmp_path, caplog):
     import shutil
 
+    import torch
+
     from flows.stages import train_stage
 
     work = tmp_path / "w"
@@ -127,10 +129,15 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     assert not first.skipped and first.counts["steps"] == 6 and Path(first.path).exists()
     again = train_stage(work, negatives, overrides, nproc=1, force=False)
     assert again.skipped and again.sha256 == first.sha256
+    # a run made before a config key existed is still this config: the key's default keeps its behaviour
+    state = torch.load(first.path, weights_only=False)
+    del state["config"]["model"]["gran_type"], state["config"]["loss"]["l2_embeddings"]
+    torch.save(state, first.path)
+    assert train_stage(work, negatives, overrides, nproc=1, force=False).skipped
     caplog.set_level(logging.INFO)
     # another config: trained afresh, here by 2 gloo processes under torchrun
     changed = train_stage(work, negatives, [*overrides, "model.ncell=4"], nproc=2, force=False)
-    assert any("the training config changed; training" in r.getMessage() for r in caplog.records)
+    assert any("the training config changed (model.ncell 8 -> 4); training" in r.getMessage() for r in caplog.records)
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
     from modeling.checkpoint import read_checkpoint
 
