@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm
-from paraphrase_sts import COMMON, WIKI_AUTO
+from paraphrase_sts import COMMON, WIKI_AUTO, dataset_tags
 
 from evaluation.protocol import CUTOFFS, ndcg, paired_test
 
@@ -52,7 +52,8 @@ def compare(report: Path, a: str, b: str) -> str:
     return f"{b} − {a}: " + ", ".join(cells)
 
 
-PRETRAIN = [*COMMON, "model.ncell=96", "model.encoder=lstm", "data.word_dropout=0.3"]  # later keys win
+# later keys win
+PRETRAIN = [*COMMON, *dataset_tags(WIKI_AUTO), "model.ncell=96", "model.encoder=lstm", "data.word_dropout=0.3"]
 
 
 def main() -> None:

@@ -47,6 +47,13 @@ CONFIGS = {
 }
 
 
+def dataset_tags(pairs: Path) -> list[str]:
+    """The MLflow experiment and dataset tag of runs trained on `pairs`, named after its ../shared/data
+    folder: wikiauto-gem2021-valid -> experiment wikiauto-paraphrase."""
+    dataset = pairs.parent.name
+    return [f"experiment={dataset.split('-')[0]}-paraphrase", f"dataset={dataset}"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=Path, default=WIKI_AUTO, help="paraphrase pairs (default: %(default)s)")
@@ -64,8 +71,7 @@ def main() -> None:
     dssm("paraphrase", "--input", str(args.pairs), "--format", args.format, *scored, "--out", str(work / "clean"))
     dssm("vocab", "--clean", str(work / "clean"), "--out", str(work / "vocab"))
     dssm("negatives", "--clean", str(work / "clean"), "--out", str(work / "negatives"), "-n", "0", "--shards", "2")
-    dataset = args.pairs.parent.name  # the ../shared/data folder, e.g. wikiauto-gem2021-valid
-    common = [*COMMON, f"experiment={dataset}-paraphrase", f"dataset={dataset}"]
+    common = [*COMMON, *dataset_tags(args.pairs)]
     models = []
     for name in args.configs.split(","):
         out = work / "train" / name
