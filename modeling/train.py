@@ -160,7 +160,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             f"{cfg.data.vocab} and {negatives} were built from different `dssm clean` outputs; rebuild one of them"
         )
 
-    state = None
+    state, changes = None, []
     if (out / LAST).exists():
         if not resume:
             raise DssmError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another out=")
@@ -169,7 +169,8 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             raise DssmError(f"{out}/{LAST} was trained with another vocabulary than {cfg.data.vocab}; cannot resume")
         if state["dataset_sha256"] != neg_manifest["content_sha256"]:
             raise DssmError(f"{out}/{LAST} was trained on other negatives than {negatives}; cannot resume")
-        model_changes = [c for c in config_changes(state["config"], cfg) if c.startswith("model.")]
+        changes = config_changes(state["config"], cfg)
+        model_changes = [c for c in changes if c.startswith("model.")]
         if model_changes:
             raise DssmError(
                 f"{out}/{LAST} has another model config ({', '.join(model_changes)}); resume with the same model"
@@ -191,7 +192,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
 
-    if state is not None and state["step"] >= total and not config_changes(state["config"], cfg):
+    if state is not None and state["step"] >= total and not changes:
         if d.main:
             log.info("%s: already trained (%d steps with this config and data); nothing to do", out, state["step"])
         return {

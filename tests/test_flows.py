@@ -120,6 +120,7 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     import torch
 
     from flows.stages import train_stage
+    from modeling.checkpoint import read_checkpoint
 
     work = tmp_path / "w"
     shutil.copytree(tiny_data, work)
@@ -130,7 +131,7 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     again = train_stage(work, negatives, overrides, nproc=1, force=False)
     assert again.skipped and again.sha256 == first.sha256
     # a run made before a config key existed is still this config: the key's default keeps its behaviour
-    state = torch.load(first.path, weights_only=False)
+    state = read_checkpoint(Path(first.path))
     del state["config"]["model"]["gran_type"], state["config"]["loss"]["l2_embeddings"]
     torch.save(state, first.path)
     assert train_stage(work, negatives, overrides, nproc=1, force=False).skipped
@@ -139,7 +140,5 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     changed = train_stage(work, negatives, [*overrides, "model.ncell=4"], nproc=2, force=False)
     assert any("the training config changed (model.ncell 8 -> 4); training" in r.getMessage() for r in caplog.records)
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
-    from modeling.checkpoint import read_checkpoint
-
     state = read_checkpoint(Path(changed.path))
     assert state["config"]["model"]["ncell"] == 4 and state["step"] == 6
