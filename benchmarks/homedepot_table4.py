@@ -8,7 +8,9 @@
 2. `dssm run` trains each other encoder on the same data with CHOSEN and its own learning rate
    (ENCODER_LR below; finished runs are kept, not redone);
 3. `dssm evaluate` scores every model and baseline on the 1,580 test queries, writes the report to
-   WORKDIR/eval (or WORKDIR/dev-eval) and logs every system to WORKDIR/mlflow.db.
+   WORKDIR/eval (or WORKDIR/dev-eval) and logs every system to WORKDIR/mlflow.db;
+4. the first encoder (the LSTM-RNN) is compared with each other trained model: mean NDCG
+   differences and paired t-tests over queries, from the report's TREC run files.
 
 The chosen config and learning rates were picked on the validation queries only (BENCHMARKS.md lists
 the candidates).
@@ -21,6 +23,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
+
+from evaluation.protocol import CUTOFFS, ndcg, paired_test
 
 HOME_DEPOT = Path(__file__).resolve().parents[2] / "shared/data/homedepot-search-relevance/train.csv.zip"
 CHOSEN = ["epochs=10", "loss.pair_weight=log_clicks"]  # BENCHMARKS.md: best mean dev NDCG of the candidates
@@ -37,6 +43,34 @@ def dssm(*args: str) -> None:
     started = time.perf_counter()
     subprocess.run(cmd, check=True)
     print(f"  ({time.perf_counter() - started:.0f}s)", flush=True)
+
+
+def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
+    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
+    qrels: dict[str, dict[str, float]] = {}
+    for line in (report / "qrels.txt").read_text().splitlines():
+        query, _, doc, label = line.split()
+        qrels.setdefault(query, {})[doc] = float(label)
+    min_label = min(v for docs in qrels.values() for v in docs.values())
+    ranked: dict[str, list[str]] = {}
+    for line in (report / "runs" / f"{system}.run").read_text().splitlines():
+        query, _, doc, *_ = line.split()
+        ranked.setdefault(query, []).append(doc)
+    return {
+        q: ndcg(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float), k, min_label)
+        for q, docs in ranked.items()
+    }
+
+
+def compare(report: Path, a: str, b: str) -> str:
+    """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
+    cells = []
+    for k in CUTOFFS:
+        x, y = per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)
+        queries = sorted(x)
+        xa, yb = np.array([x[q] for q in queries]), np.array([y[q] for q in queries])
+        cells.append(f"NDCG@{k} {100 * (yb.mean() - xa.mean()):+.2f} (p={paired_test(yb, xa):.3f})")
+    return f"{b} − {a}: " + ", ".join(cells)
 
 
 def main() -> None:
@@ -65,6 +99,8 @@ def main() -> None:
         evaluate += ["--dev", str(work / "negatives"), "--no-register"]
     dssm(*evaluate, *[a for e in encoders for a in ("--model", str(work / "train" / e))])
     print((out / "report.md").read_text())
+    for other in encoders[1:]:  # the first encoder (the LSTM-RNN) against the other trained models
+        print(compare(out, encoders[0], other))
 
 
 if __name__ == "__main__":

@@ -17,40 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm
+from homedepot_table4 import CHOSEN, HOME_DEPOT, compare, dssm
 from paraphrase_sts import COMMON, WIKI_AUTO, dataset_tags
-
-from evaluation.protocol import CUTOFFS, ndcg, paired_test
-
-
-def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
-    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
-    qrels: dict[str, dict[str, float]] = {}
-    for line in (report / "qrels.txt").read_text().splitlines():
-        query, _, doc, label = line.split()
-        qrels.setdefault(query, {})[doc] = float(label)
-    min_label = min(v for docs in qrels.values() for v in docs.values())
-    ranked: dict[str, list[str]] = {}
-    for line in (report / "runs" / f"{system}.run").read_text().splitlines():
-        query, _, doc, *_ = line.split()
-        ranked.setdefault(query, []).append(doc)
-    return {
-        q: ndcg(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float), k, min_label)
-        for q, docs in ranked.items()
-    }
-
-
-def compare(report: Path, a: str, b: str) -> str:
-    """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
-    cells = []
-    for k in CUTOFFS:
-        x, y = per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)
-        queries = sorted(x)
-        xa, yb = np.array([x[q] for q in queries]), np.array([y[q] for q in queries])
-        cells.append(f"NDCG@{k} {100 * (yb.mean() - xa.mean()):+.2f} (p={paired_test(yb, xa):.3f})")
-    return f"{b} − {a}: " + ", ".join(cells)
-
 
 # later keys win
 PRETRAIN = [*COMMON, *dataset_tags(WIKI_AUTO), "model.ncell=96", "model.encoder=lstm", "data.word_dropout=0.3"]
