@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dssm.errors import DssmError
-from dssm.text import norm
+from core.errors import DssmError
+from core.text import norm
+from modeling.encoders import ENCODERS
 from modeling.hashing import Tokenizer
 from modeling.model import TwoTower
 
-RECURRENT = ("lstm", "rnn", "bilstm", "lstm_avg")
+RECURRENT = tuple(name for name, spec in ENCODERS.items() if spec.recurrent)
 TRACE_BATCH = 256
 
 

@@ -19,9 +19,9 @@ from typing import Any
 from analysis.compare import plot_cost_curves, training_curve
 from analysis.lstm import KeywordRule
 from analysis.sections import pair_section, probe_section, test_section
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, sha256_file, write_manifest
-from dssm.errors import DssmError
-from dssm.judgments import JudgedSetSpec
+from core.artifacts import code_fingerprint, publish, sha256_file
+from core.errors import DssmError
+from core.judgments import JudgedSet
 from evaluation.neural import TwoTowerEmbedder
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,7 @@ class AnalyzeConfig:
     model: str  # a checkpoint, a `dssm train` run dir, or an MLflow model URI
     out: Path
     compare: str | None = None  # a second model (e.g. the RNN) for Tables V-VIII and Fig. 7
-    judgments: Path | None = None  # its test queries feed Table III; pairs are drawn from them
-    spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
+    judgments: JudgedSet | None = None  # its test queries feed Table III; pairs are drawn from them
     pairs: list[tuple[str, str]] = field(default_factory=list)  # chosen (query, title) pairs
     n_pairs: int = 3  # pairs drawn from the test queries when none are given
     rule: KeywordRule = field(default_factory=KeywordRule)
@@ -76,17 +75,15 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     main = load(cfg.model, cfg.mlflow_uri)
     loaded = [main, load(cfg.compare, cfg.mlflow_uri)] if cfg.compare else [main]
-    key = _input_key(cfg, loaded)
-    if not cfg.force and is_up_to_date(out, key):
-        log.info("analyze: %s is up to date (same models, judged set and settings); skipped", out)
-        return json.loads((out / "analysis.json").read_text()) | {"skipped": True}
-    queries = _test_queries(cfg)
-    pairs = cfg.pairs or _draw_pairs(queries, cfg.n_pairs)
-    if not pairs:
-        raise DssmError("nothing to analyse: give --pair QUERY TITLE or --judgments FILE")
     models = [m.embedder for m in loaded]
     rule = cfg.rule
-    with atomic_dir(out) as tmp:
+    done: dict[str, Any] = {}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        queries = _test_queries(cfg)
+        pairs = cfg.pairs or _draw_pairs(queries, cfg.n_pairs)
+        if not pairs:
+            raise DssmError("nothing to analyse: give --pair QUERY TITLE or --judgments FILE")
         md = [f"# What `{main.embedder.encoder_name}` reads", "", _preamble(cfg, main), ""]
         result: dict[str, Any] = {"model": cfg.model, "encoder": main.embedder.encoder_name, "rule": asdict(rule)}
         result["pairs"] = []
@@ -110,10 +107,16 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
         result["seconds"] = round(time.perf_counter() - started, 1)
         (tmp / REPORT).write_text("\n".join(md) + "\n")
         (tmp / "analysis.json").write_text(json.dumps(result, indent=2, default=_plain) + "\n")
-    write_manifest(out, {"stage": "analyze", "input_key": key, "model": cfg.model, "mlflow_run_id": main.run_id})
-    if cfg.log_mlflow:
-        result["mlflow"] = _log_artifacts(main, out)
-    return result
+        if cfg.log_mlflow:  # before publication: a published analysis is one MLflow has
+            result["mlflow"] = _log_artifacts(main, tmp)
+        done["result"] = result
+        return {"model": cfg.model, "mlflow_run_id": main.run_id}
+
+    inputs, params = _inputs(cfg, loaded)
+    manifest = publish(out, "analyze", code_fingerprint(__name__), inputs, params, build, cfg.force)
+    if manifest["skipped"]:
+        return json.loads((out / "analysis.json").read_text()) | {"skipped": True}
+    return done["result"]
 
 
 def _preamble(cfg: AnalyzeConfig, main: Loaded) -> str:
@@ -131,12 +134,12 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _input_key(cfg: AnalyzeConfig, loaded: list[Loaded]) -> str:
-    inputs = {f"model{i}": sha256_file(m.checkpoint) for i, m in enumerate(loaded)}
+def _inputs(cfg: AnalyzeConfig, loaded: list[Loaded]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    inputs = {f"model{i}": {"path": str(m.spec), "sha256": sha256_file(m.checkpoint)} for i, m in enumerate(loaded)}
     if cfg.judgments:
-        inputs["judgments"] = sha256_file(Path(cfg.judgments))
+        inputs["judgments"] = cfg.judgments.describe()
     params = {k: str(v) for k, v in asdict(cfg).items() if k not in ("model", "compare", "judgments", "out", "force")}
-    return input_key("analyze", inputs, params)
+    return inputs, params
 
 
 def _test_queries(cfg: AnalyzeConfig) -> list[tuple[str, str]]:
@@ -145,7 +148,7 @@ def _test_queries(cfg: AnalyzeConfig) -> list[tuple[str, str]]:
         return []
     from evaluation.protocol import load_eval_set
 
-    eval_set = load_eval_set(cfg.judgments, cfg.spec)
+    eval_set = load_eval_set(cfg.judgments)
     return [(q.query, q.titles[int(q.labels.argmax())]) for q in sorted(eval_set.queries, key=lambda q: q.qid)]
 
 
@@ -156,9 +159,7 @@ def _draw_pairs(queries: list[tuple[str, str]], n: int) -> list[tuple[str, str]]
 
 
 def _judged_texts(cfg: AnalyzeConfig) -> list[str]:
-    from dssm.judgments import read_judgments
-
-    pairs = read_judgments(cfg.judgments, cfg.spec)
+    pairs = cfg.judgments.pairs()
     return [p.title for p in pairs] + [p.query for p in pairs]
 
 
@@ -199,7 +200,7 @@ def _log_artifacts(main: Loaded, out: Path) -> dict[str, str] | None:
 
 def add_arguments(p) -> None:
     """`dssm analyze`'s options (argparse)."""
-    from dssm.judgments import add_judgment_options
+    from core.judgments import add_judgment_options
 
     d = AnalyzeConfig(model="", out=Path())
     rule = d.rule
@@ -253,7 +254,7 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> AnalyzeConfig:
-    from dssm.judgments import spec_from_args
+    from core.judgments import resolve_judged_set, spec_from_args
 
     for name in ("pairs", "top", "topic_cells", "topic_queries"):
         if getattr(args, name) < 1:
@@ -262,8 +263,7 @@ def config_from_args(args) -> AnalyzeConfig:
         model=args.model,
         out=args.out,
         compare=args.compare,
-        judgments=args.judgments,
-        spec=spec_from_args(args),
+        judgments=resolve_judged_set(args.judgments, spec_from_args(args)) if args.judgments else None,
         pairs=[tuple(p) for p in args.pair],
         n_pairs=args.pairs,
         rule=KeywordRule(args.top, args.threshold, args.share),
@@ -274,3 +274,14 @@ def config_from_args(args) -> AnalyzeConfig:
         log_mlflow=args.log_mlflow,
         force=args.force,
     )
+
+
+def command(args) -> None:
+    """`dssm analyze`."""
+    cfg = config_from_args(args)
+    result = analyze(cfg)
+    state = "up to date, skipped" if result.get("skipped") else f"{result['seconds']:.0f}s"
+    print(f"analysis of {len(result['pairs'])} pair(s) -> {cfg.out / REPORT} ({state})")
+    if result.get("mlflow"):
+        logged = result["mlflow"]
+        print(f"logged to MLflow run {logged['run_id']} ({logged['tracking_uri']}) under analysis/")

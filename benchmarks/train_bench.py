@@ -43,7 +43,7 @@ CONFIGS = {
 
 def padded_vocab(workdir: Path, size: int, dest: Path) -> Path:
     """A copy of WORKDIR/vocab whose trigram table has `size` ids (extra tokens never occur)."""
-    from dssm.artifacts import read_manifest, write_manifest
+    from core.artifacts import read_manifest, write_manifest
 
     if dest.exists():
         shutil.rmtree(dest)

@@ -12,11 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dssm
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, sha256_file, write_manifest
-from dssm.judgments import JudgedSetSpec, read_judgments
-from dssm.tracking import default_tracking_uri, experiment_id
-from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, dataset_name, evaluate_scores
+from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
+from core.judgments import JudgedSet
+from core.tracking import default_tracking_uri, experiment_id
+from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
 from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
@@ -26,12 +25,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EvaluateConfig:
-    judgments: Path
+    judgments: JudgedSet  # resolved once (core.judgments.resolve_judged_set)
     out: Path
     models: list[str] = field(default_factory=list)
     baselines: list[str] = field(default_factory=lambda: ["bm25"])
-    spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
-    dataset: str | None = None  # default: from the file path (dataset_name)
+    dataset: str | None = None  # default: the judged set's name
     all_queries: bool = False
     dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
     relevant_at: float | None = None
@@ -46,58 +44,66 @@ class EvaluateConfig:
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Run the evaluation; returns report.json's content plus the gate decisions."""
     started = time.perf_counter()
-    uri = cfg.mlflow_uri or default_tracking_uri(Path(cfg.out).resolve().parent)
-    key = _input_key(cfg, uri)
-    if not cfg.force and is_up_to_date(Path(cfg.out), key):
-        log.info("evaluate: %s is up to date (same judged set, models and settings); skipped", cfg.out)
-        report = json.loads((Path(cfg.out) / "report.json").read_text())
-        return report | {"gate": json.loads((Path(cfg.out) / "gate.json").read_text()), "skipped": True}
-    pairs = read_judgments(cfg.judgments, cfg.spec)
-    name = cfg.dataset or dataset_name(cfg.judgments)
-    only = dev_queries(cfg.dev) if cfg.dev else None
-    eval_set = build_eval_set(pairs, name, sha256_file(cfg.judgments), cfg.all_queries, cfg.min_label, cfg.spec, only)
-    threshold = default_threshold(eval_set) if cfg.relevant_at is None else cfg.relevant_at
-    log.info("%s: %d queries, %d judged pairs", name, len(eval_set.queries), eval_set.n_pairs)
+    out = Path(cfg.out)
+    uri = cfg.mlflow_uri or default_tracking_uri(out.resolve().parent)
+    done: dict[str, Any] = {}
 
-    trained = [load_trained(m) for m in cfg.models]
-    unique_names(trained)
-    wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
-    systems = [*(build_timed(b, pairs, cfg.baseline_params) for b in wanted), *trained]
-    queries, titles = eval_set.pairs()
-    results: list[SystemResult] = []
-    for system in systems:
-        t = time.perf_counter()
-        results.append(evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles), threshold))
-        system.params["score_seconds"] = round(time.perf_counter() - t, 2)
-        shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
-        log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
+    def build(tmp: Path) -> dict[str, Any]:
+        judged = cfg.judgments
+        pairs = judged.pairs()
+        name = cfg.dataset or judged.name
+        only = dev_queries(cfg.dev) if cfg.dev else None
+        eval_set = build_eval_set(pairs, name, judged.sha256, cfg.all_queries, cfg.min_label, judged.spec, only)
+        threshold = default_threshold(eval_set) if cfg.relevant_at is None else cfg.relevant_at
+        log.info("%s: %d queries, %d judged pairs", name, len(eval_set.queries), eval_set.n_pairs)
 
-    run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results)
-    try:
-        with atomic_dir(cfg.out) as tmp:
+        trained = [load_trained(m) for m in cfg.models]
+        unique_names(trained)
+        wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
+        systems = [*(build_timed(b, pairs, cfg.baseline_params) for b in wanted), *trained]
+        queries, titles = eval_set.pairs()
+        results: list[SystemResult] = []
+        for system in systems:
+            t = time.perf_counter()
+            results.append(evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles), threshold))
+            system.params["score_seconds"] = round(time.perf_counter() - t, 2)
+            shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
+            log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
+
+        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results)
+        try:
             report = write_report(tmp, eval_set, results, threshold, run_ids)
-        report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, Path(cfg.out))
-        (Path(cfg.out) / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
-        write_manifest(Path(cfg.out), {"stage": "evaluate", "input_key": key, "mlflow_uri": uri})
-    except BaseException:
-        _fail_runs(uri, run_ids)
-        raise
+            # The gate logs the report files from the temp dir: the output is published after it.
+            report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp)
+            (tmp / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
+        except BaseException:
+            _fail_runs(uri, run_ids)
+            raise
+        done["report"] = report
+        return {"mlflow_uri": uri, "counts": {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}}
+
+    inputs, params = _inputs(cfg, uri)
+    manifest = publish(out, "evaluate", code_fingerprint(__name__), inputs, params, build, cfg.force)
+    if manifest["skipped"]:
+        report = json.loads((out / "report.json").read_text())
+        return report | {"gate": json.loads((out / "gate.json").read_text()), "skipped": True}
+    report = done["report"]
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
 
 
-def _input_key(cfg: EvaluateConfig, uri: str) -> str:
+def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """What determines an evaluation: the judged file, the model files, every setting, the store."""
-    models = {}
+    inputs = {"judgments": cfg.judgments.describe()}
     for m in cfg.models:
         path = Path(m) / "last.pt" if Path(m).is_dir() else Path(m)
-        models[m] = sha256_file(path) if path.is_file() else m  # an MLflow URI stands for itself
-    inputs = {"judgments": sha256_file(cfg.judgments) if Path(cfg.judgments).is_file() else str(cfg.judgments)}
-    inputs |= {f"model:{m}": h for m, h in models.items()}
+        # an MLflow URI stands for itself
+        inputs[f"model:{m}"] = {"path": str(m), "sha256": sha256_file(path) if path.is_file() else m}
     if cfg.dev:
-        inputs["dev"] = (read_manifest(Path(cfg.dev)) or {}).get("content_sha256", str(cfg.dev))
+        dev_hash = (read_manifest(Path(cfg.dev)) or {}).get("content_sha256", str(cfg.dev))
+        inputs["dev"] = {"path": str(cfg.dev), "sha256": dev_hash}
     params = {k: str(v) for k, v in asdict(cfg).items() if k not in ("judgments", "out", "models", "force")}
-    return input_key("evaluate", inputs, params | {"mlflow_uri": uri})
+    return inputs, params | {"mlflow_uri": uri, "spec": asdict(cfg.judgments.spec)}
 
 
 def dev_queries(negatives: Path) -> set[str]:
@@ -105,7 +111,7 @@ def dev_queries(negatives: Path) -> set[str]:
     trained on, so their labels may be used for tuning (PROTOCOL.md §3 forbids only test labels)."""
     import pyarrow.parquet as pq
 
-    from dssm.artifacts import require_manifest
+    from core.artifacts import require_manifest
 
     require_manifest(negatives, "negatives")
     return set(pq.read_table(Path(negatives) / "valid", columns=["query"]).column("query").to_pylist())
@@ -132,7 +138,7 @@ def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
         "split": eval_set.split,
         "system": system.name,
         "kind": system.kind,
-        "code_version": dssm.__version__,
+        "code_version": code_fingerprint(__name__)[:16],
         **system.tags,
     }
 
@@ -210,7 +216,7 @@ def _score_uri(uri: str, eval_set: EvalSet) -> float:
 
 def add_arguments(p) -> None:
     """`dssm evaluate`'s options (argparse)."""
-    from dssm.judgments import add_judgment_options
+    from core.judgments import add_judgment_options
     from evaluation.systems import BASELINES
 
     d = BaselineParams()
@@ -257,16 +263,15 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> EvaluateConfig:
-    from dssm.judgments import spec_from_args
+    from core.judgments import resolve_judged_set, spec_from_args
     from evaluation.systems import parse_baselines
 
     params = BaselineParams(args.bm25_k1, args.bm25_b, args.ulm_mu, args.plsa_topics, seed=args.seed)
     return EvaluateConfig(
-        judgments=args.judgments,
+        judgments=resolve_judged_set(args.judgments, spec_from_args(args)),
         out=args.out,
         models=args.model,
         baselines=parse_baselines(args.baselines),
-        spec=spec_from_args(args),
         dataset=args.dataset,
         all_queries=args.all_queries,
         dev=args.dev,
@@ -278,3 +283,13 @@ def config_from_args(args) -> EvaluateConfig:
         force=args.force,
         baseline_params=params,
     )
+
+
+def command(args) -> None:
+    """`dssm evaluate`."""
+    cfg = config_from_args(args)
+    report = evaluate(cfg)
+    print((Path(cfg.out) / "report.md").read_text(), end="")
+    for gate in report["gate"]:
+        print(f"{gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+    print(f"report: {cfg.out}/report.json ({report['seconds']:.0f}s)")

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 from scipy import sparse
 
-from dssm.text import words
+from core.text import words
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dssm.errors import DssmError
-from dssm.text import norm, words
+from core.errors import DssmError
+from core.text import norm, words
 
 log = logging.getLogger(__name__)
 BATCH = 512

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from dssm.artifacts import sha256_file
-from dssm.errors import DssmError
-from dssm.judgments import JudgedPair, JudgedSetSpec, read_judgments
-from dssm.text import is_test_query, norm
+from core.errors import DssmError
+from core.judgments import JudgedPair, JudgedSet, JudgedSetSpec
+from core.text import is_test_query, norm
 
 CUTOFFS = (1, 3, 10)
 MIN_TITLES = 5  # §4: a query needs at least this many judged titles ...
@@ -66,13 +64,6 @@ class EvalSet:
         return np.split(scores, np.cumsum([len(q.titles) for q in self.queries])[:-1])
 
 
-def dataset_name(path: Path | str) -> str:
-    """A readable default name: `homedepot-search-relevance/train.csv.zip` → homedepot-search-relevance-train."""
-    path = Path(path)
-    stem = path.name.split(".")[0]
-    return f"{path.parent.name}-{stem}" if path.parent.name not in ("", ".") else stem
-
-
 def build_eval_set(
     pairs: list[JudgedPair],
     name: str,
@@ -116,17 +107,9 @@ def build_eval_set(
     return EvalSet(name, sha256, float(bottom), queries, all_queries, spec or JudgedSetSpec(), only is not None)
 
 
-def load_eval_set(
-    path: Path | str,
-    spec: JudgedSetSpec | None = None,
-    name: str | None = None,
-    all_queries: bool = False,
-    min_label: float | None = None,
-) -> EvalSet:
-    path = Path(path)
-    spec = spec or JudgedSetSpec()
-    pairs = read_judgments(path, spec)
-    return build_eval_set(pairs, name or dataset_name(path), sha256_file(path), all_queries, min_label, spec)
+def load_eval_set(judged: JudgedSet, all_queries: bool = False, min_label: float | None = None) -> EvalSet:
+    """The evaluation set of a resolved judged set (PROTOCOL.md §3 split unless all_queries)."""
+    return build_eval_set(judged.pairs(), judged.name, judged.sha256, all_queries, min_label, judged.spec)
 
 
 def ranking(scores: np.ndarray) -> np.ndarray:

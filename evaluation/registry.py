@@ -78,7 +78,7 @@ def log_model(checkpoint: Path, registered_name: str | None) -> tuple[str, str |
             name="model",
             python_model=TwoTowerModel(),
             artifacts={"checkpoint": str(slim)},
-            code_paths=[str(ROOT / p) for p in ("dssm", "modeling", "evaluation")],
+            code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation")],
             signature=SIGNATURE,
             input_example=pd.DataFrame({"query": ["cordless drill"], "title": ["dewalt 20-volt cordless drill kit"]}),
             pip_requirements=_requirements(),

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-import dssm
-from dssm.artifacts import atomic_dir, sha256_file
-from dssm.errors import DssmError
-from dssm.sentence_pairs import read_pairs, sentence_norm
-from dssm.tracking import default_tracking_uri, experiment_id
+from core.artifacts import code_fingerprint, publish, sha256_file
+from core.errors import DssmError
+from core.sentence_pairs import read_pairs, sentence_norm
+from core.tracking import default_tracking_uri, experiment_id
 from evaluation.neural import cosine_scores
 
 log = logging.getLogger(__name__)
@@ -151,9 +150,15 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
 
     client = mlflow.MlflowClient(uri)
     try:
-        with atomic_dir(Path(cfg.out)) as tmp:
+        def build(tmp: Path) -> dict[str, Any]:
             (tmp / "sts.json").write_text(json.dumps(report, indent=2) + "\n")
             (tmp / "sts.md").write_text(markdown(results))
+            return {"counts": {"files": len(files), "systems": len(results)}}
+
+        # Always recomputed (force): the report is the record of the MLflow runs just made.
+        inputs = {"sts_data": {"path": str(cfg.data), "sha256": data_sha}}
+        params = {"models": list(cfg.models), "baselines": list(cfg.baselines)}
+        publish(Path(cfg.out), "sts", code_fingerprint(__name__), inputs, params, build, force=True)
         for run_id in run_ids.values():
             client.log_artifact(run_id, str(Path(cfg.out) / "sts.md"))
             client.log_artifact(run_id, str(Path(cfg.out) / "sts.json"))
@@ -198,7 +203,7 @@ def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result
         "split": "test",
         "system": name,
         "kind": tags.get("kind", "trained"),
-        "code_version": dssm.__version__,
+        "code_version": code_fingerprint(__name__)[:16],
         **{k: v for k, v in tags.items() if k != "kind"},
     }
     run = client.create_run(experiment_id(uri, cfg.experiment), run_name=name, tags=run_tags)
@@ -209,3 +214,24 @@ def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result
         client.log_metric(run.info.run_id, f"pearson_{metric}", value["pearson"])
         client.log_metric(run.info.run_id, f"spearman_{metric}", value["spearman"])
     return run.info.run_id
+
+
+def add_arguments(p) -> None:
+    """`dssm sts`'s options."""
+    import os
+
+    p.add_argument("--model", action="append", default=[], metavar="PATH_OR_URI", help="a trained model (repeatable)")
+    p.add_argument("--baselines", default="", help="minilm: all-MiniLM-L6-v2 off the shelf (default: none)")
+    default_data = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--data", type=Path, default=default_data, help="the shared data folder (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
+    p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
+    p.add_argument("--experiment", default="sts", help="MLflow experiment (default: %(default)s)")
+
+
+def command(args) -> None:
+    """`dssm sts`."""
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    report = run_sts(StsConfig(args.data, args.out, args.model, baselines, args.mlflow_uri, args.experiment))
+    print((args.out / "sts.md").read_text(), end="")
+    print(f"report: {args.out}/sts.json ({report['seconds']:.0f}s)")

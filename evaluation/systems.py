@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dssm.artifacts import sha256_file
-from dssm.errors import DssmError
-from dssm.judgments import JudgedPair
+from core.artifacts import sha256_file
+from core.errors import DssmError
+from core.judgments import JudgedPair
 from evaluation import lexical, neural
 
 log = logging.getLogger(__name__)

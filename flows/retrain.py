@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -25,11 +24,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 
-from dssm.errors import StageFailed
-from dssm.judgments import JudgedSetSpec
-from dssm.tracking import default_tracking_uri
+from core.errors import StageFailed
+from core.judgments import resolve_judged_set
+from core.layout import Layout
+from core.tracking import default_tracking_uri
 from flows import stages
-from jobs.simulate import SimulationConfig
+from flows.config import RunConfig
 
 
 def _worth_retrying(task, task_run, state) -> bool:
@@ -52,149 +52,139 @@ _RETRIED = _ONCE | {
 }
 
 
-@task(name="simulate", **_ONCE)
-def simulate_task(work: Path, judgments: str | None, spec: JudgedSetSpec, settings: dict, force: bool) -> dict:
-    return stages.simulate_stage(work / "simulate", judgments, spec, settings, force).to_dict()
-
-
-@task(name="clean", **_RETRIED)
-def clean_task(work: Path, logs: str, master: str | None, force: bool) -> dict:
-    return stages.clean_stage(work, logs, master, force).to_dict()
-
-
-@task(name="vocab", **_RETRIED)
-def vocab_task(work: Path, clean_dir: str, master: str | None, force: bool) -> dict:
-    return stages.vocab_stage(work, clean_dir, master, force).to_dict()
-
-
-@task(name="negatives", **_RETRIED)
-def negatives_task(work: Path, clean_dir: str, n: int, master: str | None, force: bool) -> dict:
-    return stages.negatives_stage(work, clean_dir, n, master, force).to_dict()
-
-
-@task(name="train", **_ONCE)  # no retry: a rerun of the flow resumes from the checkpoint instead
-def train_task(work: Path, negatives_dir: str, overrides: list[str], nproc: int, force: bool) -> dict:
-    return stages.train_stage(work, negatives_dir, overrides, nproc, force).to_dict()
-
-
-@task(name="evaluate", **_RETRIED)
-def evaluate_task(
-    work: Path,
-    checkpoints: list[str],
-    judgments: str | None,
-    spec: JudgedSetSpec,
-    baselines: list[str],
-    mlflow_uri: str | None,
-    force: bool,
-) -> dict:
-    out, report = stages.evaluate_stage(work, checkpoints, judgments, spec, baselines, mlflow_uri, force)
-    return {"stage": out.to_dict(), "report": report}
-
-
-@task(name="analyze", **_ONCE)
-def analyze_task(work: Path, checkpoints: list[str], judgments: str | None, spec: JudgedSetSpec, force: bool) -> dict:
-    out = stages.analyze_stage(work, checkpoints, judgments, spec, force)
-    return out.to_dict() if out else {}
+# The stage functions themselves become tasks: one signature each, in flows/stages.py.
+simulate_task = task(stages.simulate_stage, name="simulate", **_ONCE)
+clean_task = task(stages.clean_stage, name="clean", **_RETRIED)
+vocab_task = task(stages.vocab_stage, name="vocab", **_RETRIED)
+negatives_task = task(stages.negatives_stage, name="negatives", **_RETRIED)
+train_task = task(stages.train_stage, name="train", **_ONCE)  # no retry: a rerun resumes from the checkpoint
+evaluate_task = task(stages.evaluate_stage, name="evaluate", **_RETRIED)
+analyze_task = task(stages.analyze_stage, name="analyze", **_ONCE)
 
 
 @flow(
     name="retrain", description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate, analyze"
 )
-def retrain(
-    workdir: str = "work",
-    judgments: str | None = None,
-    query_col: str = "search_term",
-    title_col: str = "product_title",
-    label_col: str = "relevance",
-    encoding: str = "latin-1",
-    logs: str | None = None,
-    impressions: int = SimulationConfig.impressions,
-    seed: int = SimulationConfig.seed,
-    shards: int = 0,
-    workers: int = 0,
-    negatives_per_pair: int = 4,
-    models: list[str] | None = None,
-    epochs: int | None = None,
-    train_overrides: list[str] | None = None,
-    nproc: int = 0,
-    baselines: list[str] | None = None,
-    mlflow_uri: str | None = None,
-    spark_master: str | None = None,
-    analyze: bool = True,
-    force: bool = False,
-) -> dict[str, Any]:
-    """The whole pipeline into `workdir`; returns the run summary also written to WORKDIR/report.json.
+def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a typed default the UI shows)
+    """The whole pipeline into `config.workdir`; returns the run summary also written to WORKDIR/report.json.
 
-    judgments: the judged set to simulate logs from and to evaluate on (default: the embedded
-    catalogue); logs: raw logs to ingest instead of simulating (evaluation then needs `judgments`);
-    models: encoders to train and evaluate side by side (default: the config's, lstm); epochs:
-    training epochs (default: the config's); train_overrides: training config KEY=VALUE overrides;
-    nproc: training processes (0: one per GPU, else 1); baselines: evaluated beside the models
-    (default bm25); mlflow_uri: default $MLFLOW_TRACKING_URI, else the sqlite store
-    WORKDIR/mlflow.db; spark_master: default $DSSM_SPARK_MASTER, else local[*]; analyze: after the
-    evaluation, `dssm analyze` the trained recurrent model into WORKDIR/analysis and its MLflow run.
+    `config` is one RunConfig (flows/config.py): a section per stage; in the Prefect UI every field
+    of a deployment's config is editable. See docs/flows.md for the keys.
     """
     from tqdm import tqdm
 
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    cfg = config
     logger = get_run_logger()
-    work = Path(workdir)
-    spec = JudgedSetSpec(query_col, title_col, label_col, encoding)
-    dataset = stages.dataset_of(judgments)
-    nproc = nproc or stages.default_nproc()
-    mlflow_uri = mlflow_uri or default_tracking_uri(work)  # one store for every stage
-    overrides = [f"experiment={dataset}", f"dataset={dataset}", f"mlflow_uri={mlflow_uri}"]
-    if epochs is not None:
-        overrides.append(f"epochs={epochs}")
-    overrides += list(train_overrides or [])
-    # model.encoder last: --models wins over an encoder in --train
+    layout = Layout(cfg.workdir)
+    judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)
+    nproc = cfg.train.nproc or stages.default_nproc()
+    mlflow_uri = cfg.mlflow_uri or default_tracking_uri(layout.workdir)  # one store for every stage
+    master = cfg.spark_master or None
+    overrides = [f"experiment={judged.name}", f"dataset={judged.name}", f"mlflow_uri={mlflow_uri}"]
+    if cfg.train.epochs:
+        overrides.append(f"epochs={cfg.train.epochs}")
+    overrides += list(cfg.train.overrides)
+    # model.encoder last: train.models wins over an encoder in train.overrides
+    models = cfg.train.models
     per_model = {m: [*overrides, f"model.encoder={m}"] for m in models} if models else {"model": overrides}
-    evaluate = judgments is not None or logs is None
+    logs = cfg.logs or None
+    evaluate = bool(cfg.judgments.path) or logs is None
     done: list[dict] = []
 
-    stage_count = 4 + len(per_model) + (logs is None) + evaluate + (evaluate and analyze)
+    stage_count = 4 + len(per_model) + (logs is None) + evaluate + (evaluate and cfg.analyze)
     bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
-    def finished(out: dict) -> dict:
+    def finished(out: stages.StageOutput) -> dict:
+        out = out.to_dict()
         done.append(out)
         bar.update(1)
         state = "up to date, skipped" if out["skipped"] else f"done in {out['seconds']:.1f}s"
         logger.info("%s: %s -> %s (sha256 %s…)", out["stage"], state, out["path"], out["sha256"][:12])
         return out
 
-    with stages.exclusive(work), bar:
+    with stages.exclusive(layout.workdir), bar:
         if logs is None:
-            settings = {"impressions": impressions, "seed": seed, "shards": shards, "workers": workers}
-            logs = finished(simulate_task(work, judgments, spec, settings, force))["path"]
-        cleaned = finished(clean_task(work, logs, spark_master, force))
-        vocab = finished(vocab_task(work, cleaned["path"], spark_master, force))
-        negatives = finished(negatives_task(work, cleaned["path"], negatives_per_pair, spark_master, force))
+            logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
+        cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
+        vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
+        negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
         checkpoints = []
         for name, model_overrides in per_model.items():
             train_one = train_task.with_options(task_run_name=f"train-{name}")
-            checkpoints.append(finished(train_one(work, negatives["path"], model_overrides, nproc, force))["path"])
+            trained = train_one(layout, negatives["path"], model_overrides, nproc, cfg.force)
+            checkpoints.append(finished(trained)["path"])
         report = None
         if evaluate:
-            evaluated = evaluate_task(work, checkpoints, judgments, spec, baselines or ["bm25"], mlflow_uri, force)
-            finished(evaluated["stage"])
-            report = evaluated["report"]
-            if analyze:
-                analysed = analyze_task(work, checkpoints, judgments, spec, force)
+            stage, report = evaluate_task(layout, checkpoints, judged, cfg.evaluate.baselines, mlflow_uri, cfg.force)
+            finished(stage)
+            if cfg.analyze:
+                analysed = analyze_task(layout, checkpoints, judged, cfg.force)
                 if analysed:
                     finished(analysed)
                 else:
                     bar.update(1)
         else:
-            logger.warning("raw logs given without --judgments: nothing to evaluate on; evaluation skipped")
-        return write_summary(work, done, report)
+            logger.warning("raw logs given without judgments.path: nothing to evaluate on; evaluation skipped")
+        log_config(cfg, mlflow_uri, judged.name, done)
+        return write_summary(layout, cfg, done, report)
 
 
-def write_summary(work: Path, done: list[dict], report: dict | None) -> dict[str, Any]:
-    """WORKDIR/report.json: PROTOCOL.md §6's report plus the pipeline's stages, written atomically."""
+def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict]) -> None:
+    """The resolved run config as `run_config.json` of every MLflow training run this flow run made or reused."""
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    text = json.dumps(cfg.to_dict(), indent=2, default=str)
+    for out in done:
+        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
+        if run_id:
+            client.log_text(run_id, text, "run_config.json")
+
+
+def write_summary(layout: Layout, cfg: RunConfig, done: list[dict], report: dict | None) -> dict[str, Any]:
+    """WORKDIR/report.json: PROTOCOL.md §6's report, the resolved run config and the pipeline's stages,
+    written atomically."""
     summary = dict(report or {})
+    summary["config"] = cfg.to_dict()
     summary["pipeline"] = {"flow_run_id": flow_run.get_id(), "stages": done}
-    path = work / "report.json"
+    path = layout.report
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return summary
+
+
+def _number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def add_arguments(p) -> None:
+    """`dssm run`'s options: the run config (flows/config.py)."""
+    from flows.config import add_run_arguments
+
+    add_run_arguments(p)
+
+
+def command(args) -> None:
+    """`dssm run`: the flow, ad hoc, then its table and each stage's time and counts."""
+    import time
+
+    from flows.config import config_from_args
+
+    cfg = config_from_args(args)
+    started = time.time()
+    summary = retrain(cfg)
+    layout = Layout(cfg.workdir)
+    if (layout.evaluate / "report.md").exists() and "systems" in summary:
+        print("\n" + (layout.evaluate / "report.md").read_text(), end="")
+    print(f"\npipeline finished in {time.time() - started:.0f}s (flow run {summary['pipeline']['flow_run_id']}):")
+    for out in summary["pipeline"]["stages"]:
+        state = "skipped " if out["skipped"] else f"{out['seconds']:6.1f}s "
+        shown = ", ".join(f"{k} {_number(v)}" for k, v in out["counts"].items())
+        print(f"  {out['stage']:<10} {state} {out['path']}  ({shown})")
+    for gate in summary.get("gate", []):
+        print(f"  {gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+    print(f"report: {layout.report}")

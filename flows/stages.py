@@ -7,7 +7,6 @@ and a stage that failed half-way left only a temp dir that the next call removes
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -16,11 +15,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dssm.artifacts import MANIFEST, read_manifest, sha256_file
-from dssm.errors import DssmError, StageFailed
-from dssm.judgments import JudgedSetSpec
+from core.artifacts import read_manifest, sha256_file
+from core.errors import DssmError, StageFailed
+from core.judgments import JudgedSet
+from core.layout import Layout
+
+if TYPE_CHECKING:
+    from jobs.clean import CleanConfig
+    from jobs.negatives import NegativesConfig
+    from jobs.simulate import SimulationConfig
+    from jobs.vocab import VocabConfig
 
 log = logging.getLogger("dssm.flow")
 
@@ -57,7 +63,7 @@ def exclusive(work: Path) -> Iterator[None]:
     import fcntl
 
     work.mkdir(parents=True, exist_ok=True)
-    with open(work / ".lock", "a+") as handle:
+    with open(Layout(work).lock, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -69,18 +75,8 @@ def exclusive(work: Path) -> Iterator[None]:
         yield
 
 
-def _manifest_id(out: Path) -> tuple[int, int] | None:
-    """Changes whenever the stage (re)writes its output: publication renames a new directory in."""
-    path = out / MANIFEST
-    if not path.exists():
-        return None
-    st = path.stat()
-    return st.st_ino, st.st_mtime_ns
-
-
 def run_data_stage(stage: str, source: str | Path, out: Path, job: Callable[[], dict[str, Any]]) -> StageOutput:
     """Run one manifest-writing job (simulate, clean, vocab, negatives) and describe its output."""
-    before = _manifest_id(out)
     started = time.perf_counter()
     with failing_as(stage, source):
         manifest = job()
@@ -88,7 +84,7 @@ def run_data_stage(stage: str, source: str | Path, out: Path, job: Callable[[], 
         stage=stage,
         path=str(out),
         sha256=manifest["content_sha256"],
-        skipped=before is not None and before == _manifest_id(out),
+        skipped=bool(manifest.get("skipped")),
         seconds=round(time.perf_counter() - started, 2),
         counts=_flat_counts(manifest.get("counts", {})),
     )
@@ -99,51 +95,46 @@ def _flat_counts(counts: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in sizes.items() if isinstance(v, int)}
 
 
-def simulate_stage(
-    out: Path, judgments: str | None, spec: JudgedSetSpec, settings: dict[str, Any], force: bool
-) -> StageOutput:
-    from jobs.simulate import SimulationConfig, judged_source, simulate
-
-    cfg = SimulationConfig(**settings)
+def simulate_stage(layout: Layout, judged: JudgedSet, cfg: SimulationConfig, force: bool) -> StageOutput:
+    from jobs.simulate import simulate
 
     def job() -> dict[str, Any]:
         from tqdm import tqdm
 
-        pairs, source = judged_source(Path(judgments) if judgments else None, spec)
         with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
-            return simulate(pairs, out, cfg, source, progress=bar.update, force=force)
+            return simulate(judged.pairs(), layout.simulate, cfg, judged.describe(), progress=bar.update, force=force)
 
-    return run_data_stage("simulate", judgments or "the embedded default catalogue", out, job)
+    return run_data_stage("simulate", judged.path, layout.simulate, job)
 
 
-def clean_stage(work: Path, logs: str, master: str | None, force: bool) -> StageOutput:
+def clean_stage(layout: Layout, logs: str, cfg: CleanConfig, master: str | None, force: bool) -> StageOutput:
     from jobs.clean import clean
     from jobs.spark import LazySpark
 
-    out = work / "clean"
-    return run_data_stage("clean", logs, out, lambda: clean(LazySpark(master, "dssm-run"), logs, out, force=force))
+    out = layout.clean
+    return run_data_stage("clean", logs, out, lambda: clean(LazySpark(master, "dssm-run"), logs, out, cfg, force))
 
 
-def vocab_stage(work: Path, clean_dir: str, master: str | None, force: bool) -> StageOutput:
+def vocab_stage(layout: Layout, clean_dir: str, cfg: VocabConfig, master: str | None, force: bool) -> StageOutput:
     from jobs.spark import LazySpark
     from jobs.vocab import vocab
 
-    out = work / "vocab"
+    out = layout.vocab
     return run_data_stage(
-        "vocab", clean_dir, out, lambda: vocab(LazySpark(master, "dssm-run"), Path(clean_dir), out, force=force)
+        "vocab", clean_dir, out, lambda: vocab(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force)
     )
 
 
-def negatives_stage(work: Path, clean_dir: str, n: int, master: str | None, force: bool) -> StageOutput:
-    from jobs.negatives import NegativesConfig, negatives
+def negatives_stage(
+    layout: Layout, clean_dir: str, cfg: NegativesConfig, master: str | None, force: bool
+) -> StageOutput:
+    from jobs.negatives import negatives
     from jobs.spark import LazySpark
 
-    out = work / "negatives"
-
-    def job() -> dict[str, Any]:
-        return negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, NegativesConfig(n=n), force=force)
-
-    return run_data_stage("negatives", clean_dir, out, job)
+    out = layout.negatives
+    return run_data_stage(
+        "negatives", clean_dir, out, lambda: negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force)
+    )
 
 
 def default_nproc() -> int:
@@ -153,34 +144,32 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 1
 
 
-def train_stage(work: Path, negatives_dir: str, overrides: list[str], nproc: int, force: bool) -> StageOutput:
-    """Train, or resume an unfinished run, or skip a finished one; a run whose data or config
-    changed is trained afresh. nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)."""
-    from modeling.checkpoint import LAST, read_checkpoint
+def train_stage(layout: Layout, negatives_dir: str, overrides: list[str], nproc: int, force: bool) -> StageOutput:
+    """Train, or resume an unfinished run, or skip a finished one; a run of other data, code or config
+    is trained afresh (modeling.train.decide). nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)."""
+    from modeling.checkpoint import newest_checkpoint
     from modeling.config import load_config
     from modeling.data import plan, train_files
-    from modeling.train import launch, resolve_paths, stale_run, train
+    from modeling.train import launch, resolve_paths, train
 
     started = time.perf_counter()
     with failing_as("train", negatives_dir):
         cfg = load_config(None, overrides)
-        resolve_paths(cfg, work)
+        resolve_paths(cfg, layout.workdir)
         out = Path(cfg.out)
-        why = "--force" if force else stale_run(cfg)
-        if why and out.exists():
-            log.info("train: %s; training %s afresh", why, out)
+        if force and out.exists():
+            log.info("train: --force; training %s afresh", out)
             shutil.rmtree(out)
         if nproc <= 1:
-            summary = train(cfg, resume=True)
+            summary = train(cfg, resume=True, on_change="restart")
         else:
             plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, nproc)  # a bad layout fails here
-            args = argparse.Namespace(nproc=nproc, workdir=work, config=None, resume=True, overrides=overrides)
-            if launch(args) != 0:
+            if launch(nproc, layout.workdir, overrides, resume=True, on_change="restart") != 0:
                 raise DssmError(f"training failed in one of the {nproc} torchrun processes (their messages are above)")
-            state = read_checkpoint(out / LAST)
+            path, state = newest_checkpoint(out)
             summary = {"steps": state["step"], "valid_loss": state["valid_loss"]} | {
                 "mlflow_run_id": state["mlflow_run_id"],
-                "checkpoint": str(out / LAST),
+                "checkpoint": str(path),
             }
         checkpoint = Path(summary["checkpoint"])
         sha = sha256_file(checkpoint)
@@ -200,37 +189,30 @@ def train_stage(work: Path, negatives_dir: str, overrides: list[str], nproc: int
 
 
 def evaluate_stage(
-    work: Path,
+    layout: Layout,
     checkpoints: list[str],
-    judgments: str | None,
-    spec: JudgedSetSpec,
+    judged: JudgedSet,
     baselines: list[str],
     mlflow_uri: str | None,
     force: bool,
 ) -> tuple[StageOutput, dict[str, Any]]:
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
-    from jobs.catalogue import DEFAULT_CATALOGUE
 
-    out = work / "eval"
+    out = layout.evaluate
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:
-        reports.append(
-            evaluate(
-                EvaluateConfig(
-                    judgments=Path(judgments or DEFAULT_CATALOGUE),
-                    out=out,
-                    models=list(checkpoints),
-                    baselines=parse_baselines(",".join(baselines)),
-                    spec=spec,
-                    dataset=dataset_of(judgments),
-                    mlflow_uri=mlflow_uri,
-                    force=force,
-                )
-            )
+        cfg = EvaluateConfig(
+            judgments=judged,
+            out=out,
+            models=list(checkpoints),
+            baselines=parse_baselines(",".join(baselines)),
+            mlflow_uri=mlflow_uri,
+            force=force,
         )
-        return read_manifest(out)
+        reports.append(evaluate(cfg))
+        return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}
 
     stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
     report = reports[0]
@@ -238,14 +220,11 @@ def evaluate_stage(
     return stage, report
 
 
-def analyze_stage(
-    work: Path, checkpoints: list[str], judgments: str | None, spec: JudgedSetSpec, force: bool
-) -> StageOutput | None:
+def analyze_stage(layout: Layout, checkpoints: list[str], judged: JudgedSet, force: bool) -> StageOutput | None:
     """`dssm analyze` of the first recurrent model (against the RNN when one was trained beside it) on
     the judged set's test queries, logged to its training run; None when no recurrent model was trained."""
     from analysis.lstm import RECURRENT
     from analysis.report import AnalyzeConfig, analyze
-    from jobs.catalogue import DEFAULT_CATALOGUE
     from modeling.checkpoint import read_checkpoint
 
     encoders = {c: read_checkpoint(Path(c))["config"]["model"]["encoder"] for c in checkpoints}
@@ -255,19 +234,11 @@ def analyze_stage(
         return None
     main = next((c for c in recurrent if encoders[c] != "rnn"), recurrent[0])
     compare = next((c for c in recurrent if encoders[c] == "rnn" and c != main), None)
-    out = work / "analysis"
-    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=Path(judgments or DEFAULT_CATALOGUE), spec=spec)
-    cfg.force = force
+    out = layout.analysis
+    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=judged, force=force)
 
     def job() -> dict[str, Any]:
-        analyze(cfg)
-        return read_manifest(out)
+        result = analyze(cfg)
+        return read_manifest(out) | {"skipped": bool(result.get("skipped"))}
 
     return run_data_stage("analyze", main, out, job)
-
-
-def dataset_of(judgments: str | None) -> str:
-    """The dataset name runs are filed under: the MLflow experiment and the `dataset` tag."""
-    from evaluation.protocol import dataset_name
-
-    return "default-catalogue" if judgments is None else dataset_name(Path(judgments))

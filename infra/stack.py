@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 
 STATE = "stack.json"
 
@@ -228,3 +228,54 @@ def status(root: Path) -> dict[str, bool]:
         return {}
     checks = health_checks(state["urls"])
     return {name: _ok(checks[name]) for name in state["services"]}
+
+
+def add_arguments(p) -> None:
+    """`dssm stack`'s options."""
+    d = StackConfig()
+    p.add_argument("action", choices=["up", "down", "status", "env"])
+    p.add_argument("--dir", type=Path, default=d.root, help="state, data and logs of the stack (default: %(default)s)")
+    p.add_argument("--prefect-port", type=int, default=d.prefect_port, help="(default: %(default)s)")
+    p.add_argument("--mlflow-port", type=int, default=d.mlflow_port, help="(default: %(default)s)")
+    p.add_argument("--spark-port", type=int, default=d.spark_port, help="Spark master (default: %(default)s)")
+    p.add_argument("--spark-ui-port", type=int, default=d.spark_ui_port, help="(default: %(default)s)")
+    p.add_argument("--spark-worker-ui-port", type=int, default=d.spark_worker_ui_port, help="(default: %(default)s)")
+    p.add_argument(
+        "--mlflow-backend",
+        default="",
+        help="MLflow backend store URI (default: sqlite under --dir; e.g. postgresql://user:pw@host:5432/mlflow)",
+    )
+
+
+def command(args) -> None:
+    """`dssm stack up|down|status|env`."""
+    if args.action == "up":
+        cfg = StackConfig(
+            root=args.dir,
+            prefect_port=args.prefect_port,
+            mlflow_port=args.mlflow_port,
+            spark_port=args.spark_port,
+            spark_ui_port=args.spark_ui_port,
+            spark_worker_ui_port=args.spark_worker_ui_port,
+            mlflow_backend=args.mlflow_backend,
+        )
+        state = up(cfg)
+        print('stack up; point a shell at it with:  eval "$(dssm stack env)"')
+        for name, url in state["urls"].items():
+            print(f"  {name:<9} {url}")
+    elif args.action == "down":
+        down(args.dir)
+    elif args.action == "status":
+        health = status(args.dir)
+        if not health:
+            raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
+        for name, ok in health.items():
+            print(f"{name:<13} {'healthy' if ok else 'DOWN'}")
+        if not all(health.values()):
+            raise DssmError("some services are down (their logs are in " + str(args.dir / "logs") + ")")
+    else:
+        state = read_state(args.dir)
+        if state is None:
+            raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
+        for key, value in environment(state["urls"]).items():
+            print(f"export {key}={value}")

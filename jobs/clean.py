@@ -17,6 +17,7 @@ they need from it, so the large rows are never shuffled.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
 import time
@@ -29,8 +30,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date, read_manifest, write_manifest
-from dssm.errors import DssmError
+from core.artifacts import code_fingerprint, content_sha256, data_files, publish, read_manifest
+from core.errors import DssmError
 from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import distinct_count, stable_layout, write_parquet
@@ -56,7 +57,7 @@ def resolve_input(path: str) -> str:
         p = p / "logs"
     if not p.exists() and not any(ch in path for ch in "*?["):
         raise DssmError(f"raw log input not found: {p}")
-    if p.is_dir() and not any(f.is_file() and not f.name.startswith((".", "_")) for f in p.iterdir()):
+    if p.is_dir() and not data_files(p):  # files in subdirectories count: Spark reads them too
         raise DssmError(f"raw log input is an empty directory: {p}")
     if p.is_file() and p.stat().st_size == 0:
         raise DssmError(f"raw log input is an empty file: {p}")
@@ -138,15 +139,12 @@ def clean(
     # A remote (s3a://, hdfs://) or glob input is not hashed here, so it is never taken as unchanged.
     remote = "://" in source or any(ch in source for ch in "*?[")
     source_hash = None if remote else content_sha256(Path(source))
-    key = input_key("clean", {"raw": source_hash or source}, asdict(cfg))
-    if not force and not remote and is_up_to_date(out, key):
-        log.info("clean: %s is up to date with %s, nothing to do", out, source)
-        return read_manifest(out)
+    inputs = {"raw": {"path": source, "sha256": source_hash}}
 
-    with atomic_dir(out) as tmp:
+    def build(tmp: Path) -> dict[str, Any]:
         scratch = tmp / "_parsed"
         with timed("parse and validate"):
-            parse(spark.read.text(source)).write.parquet(str(scratch))
+            parse(spark.read.option("recursiveFileLookup", "true").text(source)).write.parquet(str(scratch))
         parsed = spark.read.parquet(str(scratch))
         lines_read = parsed.count()
         if lines_read == 0:
@@ -211,25 +209,20 @@ def clean(
             )
         queries = distinct_count(tmp / "pairs", "query")
         log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
-        return write_manifest(
-            tmp,
-            {
-                "stage": "clean",
-                "input_key": key,
-                "inputs": {"raw": {"path": source, "sha256": source_hash}},
-                "params": asdict(cfg),
-                "counts": {
-                    "lines_read": lines_read,
-                    "kept": kept_n,
-                    "rejected": rejected,
-                    "rejected_by_reason": dict(sorted(counts.items())),
-                    "pairs": n_pairs,
-                    "queries": queries,
-                    "titles": n_titles,
-                },
-                "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+        return {
+            "counts": {
+                "lines_read": lines_read,
+                "kept": kept_n,
+                "rejected": rejected,
+                "rejected_by_reason": dict(sorted(counts.items())),
+                "pairs": n_pairs,
+                "queries": queries,
+                "titles": n_titles,
             },
-        )
+            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+        }
+
+    return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force=force or remote)
 
 
 @contextmanager
@@ -241,3 +234,56 @@ def timed(step: str) -> Iterator[None]:
 
 def _top(counts: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm clean`'s options."""
+    from jobs.spark import add_spark_options
+
+    p.add_argument("--input", required=True, help="raw log file, directory, glob or a `dssm simulate` output")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    add_spark_options(p)
+    d = CleanConfig()
+    g = p.add_argument_group("rules")
+    g.add_argument(
+        "--bot-max-per-minute",
+        type=int,
+        default=d.bot_max_per_minute,
+        help="a user with more impressions in one minute is a bot (default: %(default)s)",
+    )
+    g.add_argument(
+        "--bot-min-impressions",
+        type=int,
+        default=d.bot_min_impressions,
+        help="... or with at least this many impressions (default: %(default)s)",
+    )
+    g.add_argument(
+        "--bot-min-click-rate",
+        type=float,
+        default=d.bot_min_click_rate,
+        help="... clicking at least this share of shown results (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-malformed-rate",
+        type=float,
+        default=d.max_malformed_rate,
+        help="refuse input with a larger share of malformed lines (default: %(default)s)",
+    )
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm clean`."""
+    from jobs.spark import LazySpark
+
+    cfg = CleanConfig(
+        bot_max_per_minute=args.bot_max_per_minute,
+        bot_min_impressions=args.bot_min_impressions,
+        bot_min_click_rate=args.bot_min_click_rate,
+        max_malformed_rate=args.max_malformed_rate,
+    )
+    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, cfg, force=args.force)
+    c = m["counts"]
+    print(
+        f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
+        f"{c['pairs']:,} clicked pairs, {c['titles']:,} titles -> {args.out}"
+    )

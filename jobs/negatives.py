@@ -9,6 +9,7 @@ number of workers. Queries are split into train and validation by a seeded hash.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, require_manifest, write_manifest
-from dssm.errors import DssmError
+from core.artifacts import code_fingerprint, publish, require_manifest
+from core.errors import DssmError
 from jobs.schemas import NEGATIVES
 from jobs.spark import distinct_count, write_parquet
 
@@ -95,15 +96,13 @@ def negatives(
     upstream = require_manifest(clean_dir, "clean")
     if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
         raise DssmError("need n >= 0, shards >= 1 and 0 <= valid_fraction < 1")
-    key = input_key("negatives", {"clean": upstream["content_sha256"]}, asdict(cfg))
-    if not force and is_up_to_date(out, key):
-        log.info("negatives: %s is up to date, nothing to do", out)
-        return read_manifest(out)
-    pairs = spark.read.parquet(str(clean_dir / "pairs"))
-    titles = spark.read.parquet(str(clean_dir / "titles"))
-    rows = validation_queries(sample_negatives(pairs, titles, cfg), cfg)
-    counts: dict[str, Any] = {}
-    with atomic_dir(out) as tmp:
+    inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        pairs = spark.read.parquet(str(clean_dir / "pairs"))
+        titles = spark.read.parquet(str(clean_dir / "titles"))
+        rows = validation_queries(sample_negatives(pairs, titles, cfg), cfg)
+        counts: dict[str, Any] = {}
         for split, files in (("train", cfg.shards), ("valid", max(1, cfg.shards // 4))):
             part = rows.where(F.col("valid") == (split == "valid"))
             ordered = part.repartition(files, "query").sortWithinPartitions("query", "positive")
@@ -115,14 +114,33 @@ def negatives(
             "%(valid_rows)d valid rows (%(valid_queries)d queries)",
             counts,
         )
-        return write_manifest(
-            tmp,
-            {
-                "stage": "negatives",
-                "input_key": key,
-                "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
-                "params": asdict(cfg),
-                "counts": counts,
-                "outputs": {"train": "train/", "valid": "valid/"},
-            },
-        )
+        return {"counts": counts, "outputs": {"train": "train/", "valid": "valid/"}}
+
+    code = code_fingerprint(__name__)
+    return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=[upstream])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm negatives`'s options."""
+    from jobs.spark import add_spark_options
+
+    d = NegativesConfig()
+    p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "-n", type=int, default=d.n, help="negatives per pair; 0 for objective=paraphrase (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
+    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction, help="(default: %(default)s)")
+    p.add_argument("--shards", type=int, default=d.shards, help="train files (default: %(default)s)")
+    add_spark_options(p)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm negatives`."""
+    from jobs.spark import LazySpark
+
+    cfg = NegativesConfig(n=args.n, seed=args.seed, valid_fraction=args.valid_fraction, shards=args.shards)
+    m = negatives(LazySpark(args.master, "dssm-negatives"), args.clean, args.out, cfg, force=args.force)
+    c = m["counts"]
+    print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")

@@ -10,6 +10,7 @@ header, blank), and read = kept + rejected.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,9 +20,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from dssm.artifacts import atomic_dir, content_sha256, input_key, is_up_to_date, read_manifest, write_manifest
-from dssm.errors import DssmError
-from dssm.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
+from core.artifacts import code_fingerprint, content_sha256, publish
+from core.errors import DssmError
+from core.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import distinct_count, stable_layout, write_parquet
 
@@ -34,7 +35,7 @@ _PARSED = T.StructType(
 
 @dataclass(frozen=True)
 class ParaphraseConfig:
-    fmt: str = "pairs"  # one of dssm.sentence_pairs.FORMATS
+    fmt: str = "pairs"  # one of core.sentence_pairs.FORMATS
     min_score: float | None = None  # scored formats: keep pairs with score >= this (e.g. 4 on STS-B's 0-5)
 
 
@@ -64,18 +65,18 @@ def paraphrase(
     if not source.exists():
         raise DssmError(f"{source}: no such file or directory")
     source_hash = content_sha256(source)
-    key = input_key("paraphrase", {"pairs": source_hash}, asdict(cfg))
-    if not force and is_up_to_date(out, key):
-        log.info("paraphrase: %s is up to date with %s, nothing to do", out, source)
-        return read_manifest(out)
-    raw = spark.read.text(str(source)).select(F.col("_metadata.file_path").alias("source"), "value")
-    parsed = raw.withColumn("p", _parser(cfg)("value")).select("source", "value", "p.*").persist()
-    counts = {r["reason"]: r["count"] for r in parsed.groupBy("reason").count().collect()}
-    lines_read = sum(counts.values())
-    kept_n = counts.pop("kept", 0)
-    if kept_n == 0:
-        raise DssmError(f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})")
-    with atomic_dir(out) as tmp:
+    inputs = {"pairs": {"path": str(source), "sha256": source_hash}}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        raw = spark.read.text(str(source)).select(F.col("_metadata.file_path").alias("source"), "value")
+        parsed = raw.withColumn("p", _parser(cfg)("value")).select("source", "value", "p.*").persist()
+        counts = {r["reason"]: r["count"] for r in parsed.groupBy("reason").count().collect()}
+        lines_read = sum(counts.values())
+        kept_n = counts.pop("kept", 0)
+        if kept_n == 0:
+            raise DssmError(
+                f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})"
+            )
         kept = parsed.where(F.col("reason") == "kept")
         pairs = kept.groupBy(F.col("s1").alias("query"), F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
         pairs = pairs.withColumn("impressions", F.col("clicks"))
@@ -98,24 +99,48 @@ def paraphrase(
         if lines_read != kept_n + n_rejects:
             raise DssmError(f"internal error: read {lines_read} != kept {kept_n} + rejected {n_rejects}")
         log.info("paraphrase: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, n_rejects, counts)
-        # stage "clean": downstream jobs read it as they read cleaned click data
-        return write_manifest(
-            tmp,
-            {
-                "stage": "clean",
-                "kind": "paraphrase",
-                "input_key": key,
-                "inputs": {"pairs": {"path": str(source), "sha256": source_hash}},
-                "params": asdict(cfg),
-                "counts": {
-                    "lines_read": lines_read,
-                    "kept": kept_n,
-                    "rejected": n_rejects,
-                    "rejected_by_reason": dict(sorted(counts.items())),
-                    "pairs": n_pairs,
-                    "queries": distinct_count(tmp / "pairs", "query"),
-                    "titles": n_titles,
-                },
-                "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+        return {
+            "kind": "paraphrase",
+            "counts": {
+                "lines_read": lines_read,
+                "kept": kept_n,
+                "rejected": n_rejects,
+                "rejected_by_reason": dict(sorted(counts.items())),
+                "pairs": n_pairs,
+                "queries": distinct_count(tmp / "pairs", "query"),
+                "titles": n_titles,
             },
-        )
+            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+        }
+
+    # Published as stage "clean": downstream jobs read it as they read cleaned click data.
+    return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm paraphrase`'s options."""
+    from jobs.spark import add_spark_options
+
+    p.add_argument("--input", required=True, help="sentence-pair file (plain or .gz)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        default="pairs",
+        help="pairs: s1<TAB>s2; sts: score, s1, s2; stsb: STS Benchmark; sick: SICK (default: %(default)s)",
+    )
+    p.add_argument("--min-score", type=float, help="scored formats: keep pairs scored at least this")
+    add_spark_options(p)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm paraphrase`."""
+    from jobs.spark import LazySpark
+
+    cfg = ParaphraseConfig(args.format, args.min_score)
+    m = paraphrase(LazySpark(args.master, "dssm-paraphrase"), args.input, args.out, cfg, force=args.force)
+    c = m["counts"]
+    print(
+        f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
+        f"{c['pairs']:,} distinct sentence pairs -> {args.out}"
+    )

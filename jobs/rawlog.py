@@ -2,7 +2,7 @@
 
 `parse_line` is the single definition of a well-formed line and of every malformed-line reason;
 `parse_batches` applies it to Arrow batches, so Spark runs it with `mapInArrow` (on executors too)
-and normalises text with exactly `dssm.text.norm`.
+and normalises text with exactly `core.text.norm`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple
 import orjson
 import pyarrow as pa
 
-from dssm.text import norm
+from core.text import norm
 
 FORMAT_VERSION = 1
 REQUIRED = ("v", "impression_id", "ts", "user_id", "query", "results", "clicks")
@@ -30,6 +30,7 @@ _TYPES: dict[str, type] = {
 }
 MALFORMED_REASONS = (
     "empty_line",
+    "invalid_utf8",
     "invalid_json",
     "not_an_object",
     "missing_field",
@@ -37,6 +38,7 @@ MALFORMED_REASONS = (
     "unsupported_version",
     "bad_value",
 )
+MAX_POSITION = 2**31 - 1  # positions are stored as int32
 
 PARSED = pa.schema(
     [
@@ -78,8 +80,9 @@ class Malformed(ValueError):
 _title_norms: dict[str, str] = {}
 
 
-def parse_line(line: str) -> Impression:
-    """The impression on `line`, or `Malformed` with the first reason that applies.
+def parse_line(line: str | bytes) -> Impression:
+    """The impression on `line` (text, or the raw bytes of a log line), or `Malformed` with the first
+    reason that applies.
 
     This runs once per log line, so checks are list comprehensions and exact `type() is`
     tests (which also keep a JSON `true` from passing for the integer 1).
@@ -87,7 +90,11 @@ def parse_line(line: str) -> Impression:
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as e:
-        raise Malformed("empty_line" if not line.strip() else "invalid_json", str(e)[:120]) from None
+        if not line.strip():
+            raise Malformed("empty_line") from None
+        if isinstance(line, bytes) and not _is_utf8(line):
+            raise Malformed("invalid_utf8", str(e)[:120]) from None
+        raise Malformed("invalid_json", str(e)[:120]) from None
     if type(record) is not dict:
         raise Malformed("not_an_object", type(record).__name__)
     missing = [f for f in REQUIRED if record.get(f) is None]
@@ -100,7 +107,7 @@ def parse_line(line: str) -> Impression:
         raise Malformed("unsupported_version", f"v={record['v']}")
     try:
         ts_ms = int(datetime.fromisoformat(record["ts"]).timestamp() * 1000)
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         raise Malformed("bad_value", "ts") from None
     results, clicks = record["results"], record["clicks"]
     try:
@@ -114,6 +121,8 @@ def parse_line(line: str) -> Impression:
         raise Malformed("wrong_type", "results[].position/title or clicks[].position")
     if not positions or min(positions) < 1 or len(set(positions)) != len(positions):
         raise Malformed("bad_value", "results: none, a position < 1, or a repeated position")
+    if max(positions) > MAX_POSITION:
+        raise Malformed("bad_value", f"results: a position above {MAX_POSITION}")
     if not set(clicked) <= set(positions) or any(type(d) is not int or d < 0 for d in dwells):
         raise Malformed("bad_value", "clicks: a position not shown, or a bad dwell_ms")
     cache = _title_norms
@@ -125,11 +134,22 @@ def parse_line(line: str) -> Impression:
     )
 
 
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow."""
+    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow.
+
+    Lines are read as bytes (a zero-copy view of the text column): a line that is not valid UTF-8
+    is quarantined as invalid_utf8 instead of failing the whole batch when Arrow decodes it."""
     malformed_row = (None,) * 9
     for batch in batches:
-        values = batch.column(2).to_pylist()
+        values = batch.column(2).cast(pa.binary()).to_pylist()
         rows = []
         # Parsing allocates many small containers and no cycles: the cyclic GC would only
         # rescan them over and over (measured: a quarter of the time).
@@ -137,10 +157,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
         try:
             for value in values:
                 try:
-                    imp = parse_line(value or "")
+                    imp = parse_line(value or b"")
                     rows.append((None, None, None, *imp, len(imp.titles), len(imp.clicked)))
                 except Malformed as bad:
-                    rows.append((bad.reason, bad.detail, value, *malformed_row))
+                    kept = value.decode("utf-8", "backslashreplace") if value is not None else None
+                    rows.append((bad.reason, bad.detail, kept, *malformed_row))
         finally:
             gc.enable()
         if not rows:

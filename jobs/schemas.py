@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 
 _str_list = pa.list_(pa.field("element", pa.string(), nullable=False))
 

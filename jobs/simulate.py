@@ -13,6 +13,7 @@ a given seed and shard count.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import io
@@ -29,10 +30,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, sha256_file, write_manifest
-from dssm.errors import DssmError
-from dssm.judgments import JudgedPair, JudgedSetSpec, read_judgments
-from dssm.text import is_test_query, norm
+from core.artifacts import code_fingerprint, publish
+from core.errors import DssmError
+from core.judgments import JudgedPair
+from core.text import is_test_query, norm
 from jobs.rawlog import FORMAT_VERSION
 from jobs.schemas import TEST_PAIRS
 
@@ -357,16 +358,6 @@ def write_test_pairs(test: list[JudgedPair], path: Path) -> None:
     pq.write_table(table, path)
 
 
-def judged_source(path: Path | None, spec: JudgedSetSpec) -> tuple[list[JudgedPair], dict[str, Any]]:
-    """The judged pairs of `path` (default: the embedded catalogue) and where they came from, for manifests."""
-    from jobs.catalogue import DEFAULT_CATALOGUE
-
-    chosen = Path(path) if path is not None else DEFAULT_CATALOGUE
-    pairs = read_judgments(chosen, spec)
-    source = {"path": str(chosen), "sha256": sha256_file(chosen), "spec": asdict(spec)}
-    return pairs, source | {"embedded_default": path is None}
-
-
 def simulate(
     pairs: list[JudgedPair],
     out: Path,
@@ -390,15 +381,12 @@ def simulate(
         "click_model": asdict(cfg.model),
         "dirt": asdict(cfg.dirt),
     }
-    key = input_key("simulate", {"judgments": source["sha256"]}, {**params, "spec": source.get("spec")})
-    if not force and is_up_to_date(out, key):
-        log.info("simulate: %s is up to date, nothing to do", out)
-        return read_manifest(out)
-    train, test = split_judgments(pairs)
-    cat = build_catalogue(train, cfg.seed)
-    shards = cfg.shard_count()
-    suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
-    with atomic_dir(out) as tmp:
+
+    def build(tmp: Path) -> dict[str, Any]:
+        train, test = split_judgments(pairs)
+        cat = build_catalogue(train, cfg.seed)
+        shards = cfg.shard_count()
+        suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
         (tmp / "logs").mkdir()
         jobs = [(cat, cfg, s, tmp / "logs" / f"part-{s:05d}{suffix}") for s in range(shards)]
         workers = min(shards, cfg.workers or multiprocessing.cpu_count())
@@ -409,21 +397,59 @@ def simulate(
                 if progress:
                     progress(counts["impressions"])
         write_test_pairs(test, tmp / "test_pairs.parquet")
-        manifest = write_manifest(
-            tmp,
-            {
-                "stage": "simulate",
-                "input_key": key,
-                "format": f"dssm.impressions/{FORMAT_VERSION}",
-                "inputs": {"judgments": source},
-                "params": params,
-                "counts": {
-                    **totals,
-                    "train_queries": len(cat.queries),
-                    "train_titles": len(cat.title_json),
-                    "test_queries": len({norm(p.query) for p in test}),
-                    "test_pairs": len(test),
-                },
+        return {
+            "format": f"dssm.impressions/{FORMAT_VERSION}",
+            "counts": {
+                **totals,
+                "train_queries": len(cat.queries),
+                "train_titles": len(cat.title_json),
+                "test_queries": len({norm(p.query) for p in test}),
+                "test_pairs": len(test),
             },
-        )
-    return manifest
+        }
+
+    # The column spec is a parameter: the same file read with other columns is another judged set.
+    params |= {"spec": source.get("spec")}
+    return publish(out, "simulate", code_fingerprint(__name__), {"judgments": source}, params, build, force)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm simulate`'s options."""
+    from core.judgments import add_judgment_options
+
+    d = SimulationConfig()
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--force", action="store_true", help="recompute even if the output is up to date")
+    p.add_argument(
+        "--judgments", type=Path, help="judged set (CSV/TSV or a .zip of one); default: the embedded catalogue"
+    )
+    add_judgment_options(p)
+    g = p.add_argument_group("simulation")
+    g.add_argument(
+        "--impressions",
+        type=lambda s: int(s.replace("_", "")),
+        default=d.impressions,
+        help="impressions to simulate, e.g. 10_000_000 (default: %(default)s)",
+    )
+    g.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
+    g.add_argument("--shards", type=int, default=d.shards, help="output files (default: one per 250k impressions)")
+    g.add_argument("--workers", type=int, default=d.workers, help="parallel processes (default: CPUs)")
+    g.add_argument("--no-gzip", dest="gzip", action="store_false", help="write plain .jsonl")
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm simulate`."""
+    from tqdm import tqdm
+
+    from core.judgments import resolve_judged_set, spec_from_args
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
+    cfg = SimulationConfig(args.impressions, args.seed, args.shards, args.workers, args.gzip)
+    with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
+        m = simulate(judged.pairs(), args.out, cfg, judged.describe(), progress=bar.update, force=args.force)
+    c = m["counts"]
+    print(
+        f"simulated {c['impressions']:,} impressions ({c['lines']:,} lines) of {c['train_queries']:,} train queries "
+        f"-> {args.out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {args.out / 'test_pairs.parquet'}"
+    )

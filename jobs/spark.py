@@ -6,6 +6,7 @@ same job code runs unchanged on a standalone, Kubernetes or YARN cluster.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from dssm.errors import TransientError
+from core.errors import TransientError
 from jobs.schemas import check_parquet
 
 DEFAULT_CONF: dict[str, str] = {
@@ -28,6 +29,12 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.parquet.compression.codec": "zstd",
     "spark.driver.memory": "4g",
 }
+
+
+def add_spark_options(p: argparse.ArgumentParser) -> None:
+    """--master and --force, shared by the Spark commands."""
+    p.add_argument("--master", help="Spark master URL (default: $DSSM_SPARK_MASTER or local[*])")
+    p.add_argument("--force", action="store_true", help="recompute even if the output is up to date")
 
 
 def resolve_master(master: str | None = None) -> str:

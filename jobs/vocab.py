@@ -8,6 +8,7 @@ count is the occurrences of every token left out by `min_count` or `max_size`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -17,8 +18,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from dssm.artifacts import atomic_dir, input_key, is_up_to_date, read_manifest, require_manifest, write_manifest
-from dssm.text import WORD_BOUNDARY
+from core.artifacts import code_fingerprint, publish, require_manifest
+from core.text import WORD_BOUNDARY
 from jobs.schemas import VOCAB
 from jobs.spark import write_parquet
 
@@ -47,7 +48,7 @@ def word_counts(text: DataFrame) -> DataFrame:
 
 
 def trigram_counts(text: DataFrame) -> DataFrame:
-    """Counts of `dssm.text.word_trigrams` over every word: '#'-padded, sliding windows of 3."""
+    """Counts of `core.text.word_trigrams` over every word: '#'-padded, sliding windows of 3."""
     padded = F.concat(F.lit(WORD_BOUNDARY), F.col("word"), F.lit(WORD_BOUNDARY))
     words = text.select(F.explode(F.split("text", " ")).alias("word")).where(F.col("word") != "")
     grams = words.select(
@@ -92,12 +93,10 @@ def vocab(
     spark: SparkSession, clean_dir: Path, out: Path, cfg: VocabConfig = VocabConfig(), force: bool = False
 ) -> dict[str, Any]:
     upstream = require_manifest(clean_dir, "clean")
-    key = input_key("vocab", {"clean": upstream["content_sha256"]}, asdict(cfg))
-    if not force and is_up_to_date(out, key):
-        log.info("vocab: %s is up to date, nothing to do", out)
-        return read_manifest(out)
-    text = texts(spark.read.parquet(str(clean_dir / "pairs")), spark.read.parquet(str(clean_dir / "titles")))
-    with atomic_dir(out) as tmp:
+    inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        text = texts(spark.read.parquet(str(clean_dir / "pairs")), spark.read.parquet(str(clean_dir / "titles")))
         summary = {}
         for name, counts, min_count, max_size in [
             ("trigrams", trigram_counts(text), cfg.min_count, cfg.max_size),
@@ -121,14 +120,31 @@ def vocab(
             summary["words"]["size"],
             summary["words"]["coverage"],
         )
-        return write_manifest(
-            tmp,
-            {
-                "stage": "vocab",
-                "input_key": key,
-                "inputs": {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}},
-                "params": asdict(cfg),
-                "counts": summary,
-                "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"},
-            },
-        )
+        return {"counts": summary, "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"}}
+
+    code = code_fingerprint(__name__)
+    return publish(out, "vocab", code, inputs, asdict(cfg), build, force, upstream=[upstream])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm vocab`'s options."""
+    from jobs.spark import add_spark_options
+
+    d = VocabConfig()
+    p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--min-count", type=int, default=d.min_count, help="trigram min count (default: %(default)s)")
+    p.add_argument("--max-size", type=int, default=d.max_size, help="trigram ids incl. <unk> (default: %(default)s)")
+    p.add_argument("--word-min-count", type=int, default=d.word_min_count, help="(default: %(default)s)")
+    p.add_argument("--word-max-size", type=int, default=d.word_max_size, help="(default: %(default)s)")
+    add_spark_options(p)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm vocab`."""
+    from jobs.spark import LazySpark
+
+    cfg = VocabConfig(args.min_count, args.max_size, args.word_min_count, args.word_max_size)
+    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, cfg, force=args.force)
+    c = m["counts"]
+    print(f"{c['trigrams']['size']:,} trigrams, {c['words']['size']:,} words -> {args.out}")

@@ -3,18 +3,20 @@ model and optimiser state, position in the data, MLflow run id), loadable withou
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 from modeling.config import TrainConfig, load_config
 from modeling.hashing import Tokenizer, Vocab
-from modeling.model import TwoTower
+from modeling.model import TwoTower, embedding_tables
 
 LAST = "last.pt"
+log = logging.getLogger(__name__)
 
 
 def save_checkpoint(out: Path, state: dict[str, Any], step: int, keep: int) -> Path:
@@ -46,6 +48,26 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise DssmError(f"{path}: not a readable dssm checkpoint ({type(e).__name__}: {e})") from e
 
 
+def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable checkpoint of a run directory: last.pt, else the newest step-*.pt that
+    loads (a truncated last.pt need not block a run whose older step file is intact); None when the
+    directory holds no checkpoint. Raises when checkpoints exist but none can be read."""
+    run_dir = Path(run_dir)
+    candidates = [run_dir / LAST, *sorted(run_dir.glob("step-*.pt"), reverse=True)]
+    present = [p for p in candidates if p.is_file()]
+    for path in present:
+        try:
+            return path, read_checkpoint(path)
+        except DssmError as e:
+            log.warning("%s; trying an older checkpoint", e)
+    if present:
+        raise DssmError(
+            f"{run_dir}: no readable checkpoint ({', '.join(p.name for p in present)} are damaged); "
+            f"delete {run_dir} to train afresh"
+        )
+    return None
+
+
 def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
     """A trained model in eval mode, its tokenizer and its config, from a checkpoint or run dir."""
     state = read_checkpoint(Path(path))
@@ -60,7 +82,7 @@ def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
 
 def warm_start(model: torch.nn.Module, vocab: Vocab, path: Path | str) -> dict[str, int]:
     """Start `model` from another run's weights (e.g. paraphrase pre-training before click training):
-    every tensor with the same name and shape is copied; token embedding tables (`*.bag.weight`) are
+    every tensor with the same name and shape is copied; token embedding tables (`Encoder.token_tables`) are
     copied row by row for the tokens both vocabularies have. A shared-encoder source fills both
     towers. Returns how many tensors and embedding rows were copied."""
     source = read_checkpoint(Path(path))
@@ -70,13 +92,16 @@ def warm_start(model: torch.nn.Module, vocab: Vocab, path: Path | str) -> dict[s
         (torch.tensor(x, dtype=torch.long) for x in zip(*pairs, strict=True)) if pairs else (None, None)
     )
     copied = {"tensors": 0, "embedding_rows": 0}
+    own = model.state_dict(keep_vars=True)
+    table_ids = {id(p) for p in embedding_tables(model).values()}
+    tables = {name for name, p in own.items() if id(p) in table_ids}  # a shared table under both names
     own = model.state_dict()
     with torch.no_grad():
         for name, value in source["model"].items():
             if name not in own:
                 continue
             target = own[name]
-            if name.endswith("bag.weight") and target_rows is not None and value.shape[1] == target.shape[1]:
+            if name in tables and target_rows is not None and value.shape[1] == target.shape[1]:
                 target[target_rows] = value[from_rows].to(target.dtype)
                 copied["embedding_rows"] += len(pairs)
             elif value.shape == target.shape:

@@ -7,20 +7,17 @@ Defaults follow Palangi et al. 2016 where the paper is specific; every departure
 
 from __future__ import annotations
 
-import dataclasses
-import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dssm.errors import DssmError
+from core.config import flat, load
+from core.errors import DssmError
 
 
 @dataclass
 class ModelConfig:
-    encoder: str = "lstm"  # lstm | rnn | bilstm | dssm | clsm | lstm_avg | bilstm_avg | gran | bigran | avg
+    encoder: str = "lstm"  # a name of modeling.encoders.ENCODERS
     tokens: str = "trigrams"  # trigrams: the paper's letter-trigram word hashing; words: one vector per word
     ncell: int = 96  # hidden size of the recurrent encoders (the paper: 96)
     # The paper's LSTM-RNN experiments use neither a forget gate nor peepholes (section IV).
@@ -106,88 +103,12 @@ class TrainConfig:
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys, as MLflow parameters."""
-        out: dict[str, Any] = {}
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(f"{prefix}{k}.", v)
-            else:
-                out[prefix[:-1]] = value
-
-        walk("", self.to_dict())
-        return out
-
-
-def _convert(value: Any, hint: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    try:
-        if hint is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in {"1", "true", "yes", "on"}:
-                return True
-            if str(value).lower() in {"0", "false", "no", "off"}:
-                return False
-            raise ValueError(value)
-        if hint is int:
-            return int(str(value).replace("_", ""))
-        if hint is float:
-            return float(value)
-        if hint is str:
-            return str(value)
-        if origin is list:
-            (item,) = typing.get_args(hint)
-            items = value if isinstance(value, list) else [v for v in str(value).strip("[]").split(",") if v.strip()]
-            return [_convert(v, item, key) for v in items]
-    except (TypeError, ValueError) as e:
-        raise DssmError(f"config {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from e
-    raise DssmError(f"config {key}: unsupported type {hint}")
-
-
-def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
-    hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in fields(obj)}
-    for key, value in values.items():
-        if key not in names:
-            raise DssmError(f"config: unknown key {prefix}{key!s} (known: {', '.join(sorted(names))})")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
-            _apply(current, value, f"{prefix}{key}.")
-        else:
-            setattr(obj, key, _convert(value, hints[key], prefix + key))
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`["optim.lr=0.1", "epochs=3"]` -> nested dict."""
-    nested: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise DssmError(f"override {pair!r}: expected key=value, e.g. optim.lr=0.05")
-        key, value = pair.split("=", 1)
-        node = nested
-        *parents, leaf = key.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return nested
+        return flat(self)
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
     """Defaults, then `base` (e.g. a checkpoint's config), then the YAML file, then overrides."""
-    cfg = TrainConfig()
-    if base:
-        _apply(cfg, base)
-    if path is not None:
-        if not Path(path).exists():
-            raise DssmError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise DssmError(f"config file {path}: expected a mapping at the top level")
-        _apply(cfg, loaded)
-    _apply(cfg, parse_overrides(overrides or []))
+    cfg = load(TrainConfig(), path, overrides, base)
     validate(cfg)
     return cfg
 
@@ -203,10 +124,9 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in cfg.flat().items() if before.get(k) != v]
 
 
-ENCODERS = ("lstm", "rnn", "bilstm", "dssm", "clsm", "lstm_avg", "bilstm_avg", "gran", "bigran", "avg")
-
-
 def validate(cfg: TrainConfig) -> None:
+    from modeling.encoders import ENCODERS  # the registry imports this module
+
     m, o = cfg.model, cfg.optim
     if m.encoder not in ENCODERS:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")

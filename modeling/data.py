@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 from modeling.config import DataConfig
 from modeling.hashing import TextBatch, Tokenizer
 

@@ -19,6 +19,7 @@ outputs), each (texts, words, ncell) in word order, for the analysis stage.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,17 @@ from torch import Tensor, nn
 from modeling.config import ModelConfig
 from modeling.hashing import TextBatch
 from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
+
+
+class Encoder(nn.Module):
+    """What every encoder is: `dim` (the size of its text vectors), `forward(batch, internals=False)`
+    (vectors, or (vectors, per-step internals) when asked), and its token embedding tables."""
+
+    dim: int
+
+    def token_tables(self) -> list[nn.EmbeddingBag]:
+        """The tables indexed by token id: warm-started row by row, pulled toward step 0 by λ_w."""
+        return [m for m in self.modules() if isinstance(m, nn.EmbeddingBag)]
 
 
 def _scatter(flat: Tensor, pos: Tensor, cells: int) -> Tensor:
@@ -205,7 +217,7 @@ def _internals(
     return {name: _per_word(s, rank, batch, reverse) for name, s in series.items() if s}
 
 
-class LSTMEncoder(nn.Module):
+class LSTMEncoder(Encoder):
     """lstm (y at the last word), bilstm (forward and backward final states), lstm_avg (mean of y)."""
 
     def __init__(
@@ -236,7 +248,7 @@ class LSTMEncoder(nn.Module):
         return (vec, found) if internals else vec
 
 
-class GRANEncoder(nn.Module):
+class GRANEncoder(Encoder):
     """Wieting & Gimpel 2017's gated recurrent averaging network, eq. (1), and its variants
     (`model.gran_type`, as numbered in the authors' code, jwieting/acl2017), with x_t the word
     vector, h_t the LSTM output and σ(·) a gate over [x_t, h_t] (σ' a second one):
@@ -308,7 +320,7 @@ class GRANEncoder(nn.Module):
         return (vec, found) if internals else vec
 
 
-class AvgEncoder(nn.Module):
+class AvgEncoder(Encoder):
     """Wieting & Gimpel's word averaging: the mean of the text's word vectors (each word's summed
     trigram embeddings, or its own vector with model.tokens=words), ncell wide."""
 
@@ -326,7 +338,7 @@ class AvgEncoder(nn.Module):
         return (vec, {}) if internals else vec
 
 
-class DSSMEncoder(nn.Module):
+class DSSMEncoder(Encoder):
     """Huang et al. 2013: the text's summed trigram vector through tanh layers (default 300-300-128)."""
 
     def __init__(self, vocab_size: int, cfg: ModelConfig):
@@ -345,7 +357,7 @@ class DSSMEncoder(nn.Module):
         return (h, {}) if internals else h
 
 
-class CLSMEncoder(nn.Module):
+class CLSMEncoder(Encoder):
     """Shen et al. 2014: conv over `window` words' trigram bags, max over positions, tanh semantic layer."""
 
     def __init__(self, vocab_size: int, cfg: ModelConfig):
@@ -373,26 +385,35 @@ class CLSMEncoder(nn.Module):
         return (out, {"conv": conv}) if internals else out
 
 
-def build_encoder(vocab_size: int, cfg: ModelConfig) -> nn.Module:
-    kind = cfg.encoder
-    if kind == "lstm":
-        return LSTMEncoder(vocab_size, cfg)
-    if kind == "rnn":
-        return LSTMEncoder(vocab_size, cfg, cell="rnn")
-    if kind == "bilstm":
-        return LSTMEncoder(vocab_size, cfg, bidirectional=True)
-    if kind == "lstm_avg":
-        return LSTMEncoder(vocab_size, cfg, pooling="mean")
-    if kind == "bilstm_avg":
-        return LSTMEncoder(vocab_size, cfg, pooling="mean", bidirectional=True)
-    if kind == "avg":
-        return AvgEncoder(vocab_size, cfg)
-    if kind == "gran":
-        return GRANEncoder(vocab_size, cfg)
-    if kind == "bigran":
-        return GRANEncoder(vocab_size, cfg, bidirectional=True)
-    if kind == "dssm":
-        return DSSMEncoder(vocab_size, cfg)
-    if kind == "clsm":
-        return CLSMEncoder(vocab_size, cfg)
-    raise ValueError(f"unknown encoder {kind!r}")
+@dataclass(frozen=True)
+class EncoderSpec:
+    build: Callable[[int, ModelConfig], Encoder]
+    recurrent: bool  # records per-step gates and cells for `dssm analyze`
+    what: str  # one line for --help and docs/training.md
+
+
+# The single list of encoders: config validation, CLI help, the analysis stage and the docs read it.
+ENCODERS: dict[str, EncoderSpec] = {
+    "lstm": EncoderSpec(LSTMEncoder, True, "LSTM-RNN, eq. (2); y(T) at the last word"),
+    "rnn": EncoderSpec(lambda v, c: LSTMEncoder(v, c, cell="rnn"), True, "eq. (1), tanh"),
+    "bilstm": EncoderSpec(
+        lambda v, c: LSTMEncoder(v, c, bidirectional=True), True, "forward and backward LSTM-RNN, concatenated"
+    ),
+    "dssm": EncoderSpec(DSSMEncoder, False, "Huang et al. 2013: trigram bag through tanh layers"),
+    "clsm": EncoderSpec(CLSMEncoder, False, "Shen et al. 2014: convolution over word windows, max-pool"),
+    "lstm_avg": EncoderSpec(
+        lambda v, c: LSTMEncoder(v, c, pooling="mean"), True, "Wieting & Gimpel: mean of the LSTM outputs"
+    ),
+    "bilstm_avg": EncoderSpec(
+        lambda v, c: LSTMEncoder(v, c, pooling="mean", bidirectional=True), False, "lstm_avg in both directions"
+    ),
+    "gran": EncoderSpec(GRANEncoder, False, "Wieting & Gimpel: gated recurrent averaging network"),
+    "bigran": EncoderSpec(lambda v, c: GRANEncoder(v, c, bidirectional=True), False, "gran in both directions"),
+    "avg": EncoderSpec(AvgEncoder, False, "Wieting & Gimpel: mean of the word vectors"),
+}
+
+
+def build_encoder(vocab_size: int, cfg: ModelConfig) -> Encoder:
+    if cfg.encoder not in ENCODERS:
+        raise ValueError(f"unknown encoder {cfg.encoder!r}")
+    return ENCODERS[cfg.encoder].build(vocab_size, cfg)

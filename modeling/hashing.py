@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from dssm.artifacts import require_manifest
-from dssm.errors import DssmError
-from dssm.text import word_trigrams
+from core.artifacts import require_manifest
+from core.errors import DssmError
+from core.text import word_trigrams
 
 UNKNOWN_ID = 0
 

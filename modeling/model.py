@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modeling.config import LossConfig, ModelConfig
-from modeling.encoders import build_encoder
+from modeling.encoders import Encoder, build_encoder
 from modeling.hashing import TextBatch
 
 
@@ -88,8 +88,10 @@ def training_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None,
 
 
 def embedding_tables(model: nn.Module) -> dict[str, Tensor]:
-    """The token embedding tables (every `*.bag.weight`): W of Wieting & Gimpel's λ_w term."""
-    return {name: p for name, p in model.named_parameters() if name.endswith("bag.weight")}
+    """The token embedding tables its encoders name (`Encoder.token_tables`), by parameter name: W of
+    Wieting & Gimpel's λ_w term. A table shared by both towers appears once."""
+    tables = {id(t.weight) for m in model.modules() if isinstance(m, Encoder) for t in m.token_tables()}
+    return {name: p for name, p in model.named_parameters() if id(p) in tables}
 
 
 def regulariser(model: nn.Module, initial: dict[str, Tensor], cfg: LossConfig) -> Tensor | None:
@@ -97,7 +99,8 @@ def regulariser(model: nn.Module, initial: dict[str, Tensor], cfg: LossConfig) -
     the embedding tables at step 0; shared towers count their parameters once."""
     terms = []
     if cfg.l2_composition > 0:
-        squares = [p.pow(2).sum() for name, p in model.named_parameters() if not name.endswith("bag.weight")]
+        tables = embedding_tables(model)
+        squares = [p.pow(2).sum() for name, p in model.named_parameters() if name not in tables]
         terms.append(0.5 * cfg.l2_composition * torch.stack(squares).sum())
     if cfg.l2_embeddings > 0:
         tables = embedding_tables(model)

@@ -11,6 +11,7 @@ import argparse
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -22,10 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from dssm.artifacts import require_manifest
-from dssm.errors import DssmError
-from dssm.tracking import default_tracking_uri, experiment_id
-from modeling.checkpoint import LAST, read_checkpoint, save_checkpoint, warm_start
+from core.artifacts import code_fingerprint, lineage, require_manifest
+from core.errors import DssmError
+from core.layout import Layout
+from core.tracking import default_tracking_uri, experiment_id
+from modeling.checkpoint import LAST, newest_checkpoint, save_checkpoint, warm_start
 from modeling.config import TrainConfig, config_changes, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
@@ -66,11 +68,11 @@ def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
 
 def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
     """Fill the data, output and MLflow locations left empty from the work dir."""
-    work = Path(workdir or "work")
-    cfg.data.negatives = cfg.data.negatives or str(work / "negatives")
-    cfg.data.vocab = cfg.data.vocab or str(work / "vocab")
-    cfg.out = cfg.out or str(work / "train" / cfg.model.encoder)
-    cfg.mlflow_uri = cfg.mlflow_uri or default_tracking_uri(work)
+    layout = Layout(workdir or "work")
+    cfg.data.negatives = cfg.data.negatives or str(layout.negatives)
+    cfg.data.vocab = cfg.data.vocab or str(layout.vocab)
+    cfg.out = cfg.out or str(layout.train(cfg.model.encoder))
+    cfg.mlflow_uri = cfg.mlflow_uri or default_tracking_uri(layout.workdir)
 
 
 class Tracker:
@@ -134,47 +136,36 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
     return total / max(count, 1)
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> dict[str, Any]:
-    """Train one model; returns a summary (steps, losses, throughput, checkpoint, MLflow run id)."""
+def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) -> dict[str, Any]:
+    """Train one model; returns a summary (steps, losses, throughput, checkpoint, MLflow run id).
+
+    resume: continue the checkpoint in cfg.out (else a checkpoint there is an error); on_change:
+    what a checkpoint of other data, code or config means (see `decide`): "restart" trains afresh
+    (the pipeline), default "resume" (`dssm train --resume`) or "error".
+    """
+    on_change = on_change or ("resume" if resume else "error")
     device_kind = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     d = init_distributed(device_kind)
     try:
-        return _train(cfg, resume, d)
+        return _train(cfg, on_change, d)
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
+def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     device = pick_device(cfg, d.local_rank)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
     out = Path(cfg.out)
     negatives = Path(cfg.data.negatives)
     neg_manifest = require_manifest(negatives, "negatives")
-    if not (Path(cfg.data.vocab) / "manifest.json").exists():
-        raise DssmError(f"{cfg.data.vocab}: no `dssm vocab` output here; run `dssm vocab` first")
+    vocab_manifest = require_manifest(Path(cfg.data.vocab), "vocab")
     vocab = Vocab.load(cfg.data.vocab, cfg.model.tokens)
     neg_clean = neg_manifest.get("inputs", {}).get("clean", {}).get("sha256")
     if vocab.clean_sha256 and neg_clean and vocab.clean_sha256 != neg_clean:
         raise DssmError(
             f"{cfg.data.vocab} and {negatives} were built from different `dssm clean` outputs; rebuild one of them"
         )
-
-    state, changes = None, []
-    if (out / LAST).exists():
-        if not resume:
-            raise DssmError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another out=")
-        state = read_checkpoint(out / LAST)
-        if state["vocab"]["sha256"] != vocab.sha256:
-            raise DssmError(f"{out}/{LAST} was trained with another vocabulary than {cfg.data.vocab}; cannot resume")
-        if state["dataset_sha256"] != neg_manifest["content_sha256"]:
-            raise DssmError(f"{out}/{LAST} was trained on other negatives than {negatives}; cannot resume")
-        changes = config_changes(state["config"], cfg)
-        model_changes = [c for c in changes if c.startswith("model.")]
-        if model_changes:
-            raise DssmError(
-                f"{out}/{LAST} has another model config ({', '.join(model_changes)}); resume with the same model"
-            )
 
     tokenizer = Tokenizer(vocab, cfg.model.max_words)
     batches = ClickBatches(
@@ -192,14 +183,23 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
 
-    if state is not None and state["step"] >= total and not changes:
+    code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
+    start = decide(cfg, neg_manifest, vocab, code, total, on_change)
+    if d.world > 1:
+        dist.barrier()  # every rank has read the run directory before rank 0 may delete it
+    if start.restart and d.main:
+        shutil.rmtree(out)
+    if d.world > 1:
+        dist.barrier()
+    state = start.state
+    if start.kind == "finished":
         if d.main:
             log.info("%s: already trained (%d steps with this config and data); nothing to do", out, state["step"])
         return {
             "steps": state["step"],
             "valid_loss": state["valid_loss"],
             "examples_per_s": None,
-            "checkpoint": str(out / LAST),
+            "checkpoint": str(start.path),
             "mlflow_run_id": state["mlflow_run_id"],
             "skipped": True,
         }
@@ -227,7 +227,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
         "system": cfg.model.encoder,
         "world_size": str(d.world),
         "device": device.type,
-        "code_version": neg_manifest.get("code_version", ""),
+        "code_version": code[:16],
     }
     if cfg.dataset:
         tags["dataset"] = cfg.dataset
@@ -252,6 +252,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
                     "total_steps": total,
                     "valid_loss": val,
                     "dataset_sha256": neg_manifest["content_sha256"],
+                    "code_sha256": code,
                     "mlflow_run_id": tracker.run_id,
                 },
                 step,
@@ -279,7 +280,7 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
             out,
         )
         if step:
-            log.info("resuming from step %d (checkpoint %s)", step, out / LAST)
+            log.info("resuming from step %d (checkpoint %s)", step, start.path)
     from tqdm import tqdm
 
     bar = tqdm(
@@ -354,21 +355,54 @@ def _train(cfg: TrainConfig, resume: bool, d: Dist) -> dict[str, Any]:
     return summary
 
 
-def stale_run(cfg: TrainConfig) -> str | None:
-    """Why the checkpoint in `cfg.out` is not a run of this config on this data (None if it is, or
-    if there is none): the pipeline then trains afresh instead of resuming."""
-    last = Path(cfg.out) / LAST
-    if not last.exists():
-        return None
-    state = read_checkpoint(last)
-    if state["dataset_sha256"] != require_manifest(Path(cfg.data.negatives), "negatives")["content_sha256"]:
-        return "the negatives changed"
-    if state["vocab"]["sha256"] != require_manifest(Path(cfg.data.vocab), "vocab")["content_sha256"]:
-        return "the vocabulary changed"
-    changed = config_changes(state["config"], cfg)
-    if changed:
-        return f"the training config changed ({', '.join(changed)})"
-    return None
+@dataclass
+class Start:
+    """How a training call begins: "fresh", "resume" (from `state`) or "finished" (nothing to do)."""
+
+    kind: str
+    state: dict[str, Any] | None = None
+    restart: bool = False  # the run directory holds a stale run: delete it first
+    path: Path | None = None  # the checkpoint resumed or found finished
+
+
+def decide(
+    cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str, total: int, on_change: str
+) -> Start:
+    """The one place that decides fresh / resume / finished / stale for the run directory cfg.out.
+
+    A checkpoint of other negatives, another vocabulary or another model config can never be
+    continued; one made by other code or with other (non-model) settings can. on_change says what
+    any such difference means: "restart" deletes the run and trains afresh (the retrain flow: a
+    scheduled run must not serve a model of old code or data), "resume" continues where allowed,
+    "error" refuses (a checkpoint exists and --resume was not given).
+    """
+    out = Path(cfg.out)
+    found = newest_checkpoint(out)
+    if found is None:
+        return Start("fresh")
+    path, state = found
+    hard = []
+    if state["dataset_sha256"] != negatives["content_sha256"]:
+        hard.append(f"other negatives than {cfg.data.negatives}")
+    if state["vocab"]["sha256"] != vocab.sha256:
+        hard.append(f"another vocabulary than {cfg.data.vocab}")
+    changes = config_changes(state["config"], cfg)
+    hard += [f"model config {c}" for c in changes if c.startswith("model.")]
+    soft = [c for c in changes if not c.startswith("model.")]
+    if state.get("code_sha256") != code:
+        soft.append("other code")
+    if on_change == "restart" and (hard or soft):
+        log.info("train: %s was trained with %s; training %s afresh", path, ", ".join(hard + soft), out)
+        return Start("fresh", restart=True)
+    if on_change == "error":
+        raise DssmError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another out=")
+    if hard:
+        raise DssmError(f"{path} was trained with {', '.join(hard)}; cannot resume (train into another out=)")
+    if soft and os.environ.get("RANK", "0") == "0":
+        log.info("resuming %s despite: %s", path, ", ".join(soft))
+    if state["step"] >= total and not [c for c in soft if c != "other code"]:
+        return Start("finished", state, path=path)
+    return Start("resume", state, path=path)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -394,11 +428,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in the run directory")
     p.add_argument(
+        "--on-change",
+        choices=["resume", "restart", "error"],
+        help="when the run directory holds a run of other data, code or settings: resume it where possible, "
+        "restart (delete it, train afresh: what `dssm run` does) or error (default: resume with --resume, "
+        "else error)",
+    )
+    p.add_argument(
         "--nproc",
         type=int,
         default=1,
         help="processes (DDP ranks) to launch with torchrun: GPUs, or gloo CPU processes (default: 1)",
     )
+
+
+def override_list(args: argparse.Namespace) -> list[str]:
+    """`dssm train`'s KEY=VALUE overrides with its shorthand options expanded in front of them."""
+    return objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
 
 
 def objective_overrides(objective: str | None) -> list[str]:
@@ -410,19 +456,28 @@ def objective_overrides(objective: str | None) -> list[str]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
-    overrides = objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
+    overrides = override_list(args)
     cfg = load_config(args.config, overrides)
     resolve_paths(cfg, args.workdir)
-    if args.resume and (Path(cfg.out) / LAST).exists():
-        saved = read_checkpoint(Path(cfg.out) / LAST)["config"]
-        cfg = load_config(args.config, overrides, base=saved)
+    found = newest_checkpoint(Path(cfg.out)) if args.resume else None
+    if found is not None:
+        cfg = load_config(args.config, overrides, base=found[1]["config"])
+        resolve_paths(cfg, args.workdir)
     if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
         raise DssmError("optim.lr must be a positive number")
     return cfg
 
 
-def launch(args: argparse.Namespace) -> int:
-    """`dssm train --nproc N`: run this module under torchrun with N processes."""
+def launch(
+    nproc: int,
+    workdir: Path,
+    overrides: list[str],
+    config: Path | None = None,
+    resume: bool = False,
+    on_change: str | None = None,
+) -> int:
+    """Run this module under torchrun with `nproc` processes; returns torchrun's exit status.
+    overrides: KEY=VALUE config overrides (objective shorthands already expanded)."""
     import subprocess
 
     argv = [
@@ -430,20 +485,42 @@ def launch(args: argparse.Namespace) -> int:
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc-per-node={args.nproc}",
+        f"--nproc-per-node={nproc}",
         "-m",
         "modeling.train",
         "--workdir",
-        str(args.workdir),
+        str(workdir),
     ]
-    if args.config:
-        argv += ["--config", str(args.config)]
-    if args.resume:
+    if config:
+        argv += ["--config", str(config)]
+    if resume:
         argv.append("--resume")
-    argv += objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
+    if on_change:
+        argv += ["--on-change", on_change]
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
-    return subprocess.run(argv, env=env).returncode
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return subprocess.run([*argv, *overrides], env=env).returncode
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm train`: in this process, or under torchrun with --nproc N."""
+    if args.nproc < 1:
+        raise DssmError("--nproc must be at least 1")
+    if args.nproc > 1:
+        from modeling.data import plan
+
+        cfg = config_from_args(args)  # a bad config or data layout fails here, before N processes start
+        plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, args.nproc)
+        if launch(args.nproc, args.workdir, override_list(args), args.config, args.resume, args.on_change) != 0:
+            raise DssmError(f"training failed in one of the {args.nproc} processes (their messages are above)")
+        return
+    s = train(config_from_args(args), resume=args.resume, on_change=args.on_change)
+    val = "n/a" if s["valid_loss"] is None else f"{s['valid_loss']:.4f}"
+    rate = "" if s["examples_per_s"] is None else f", {s['examples_per_s']:,.0f} examples/s"
+    print(
+        f"trained {s['steps']:,} steps{rate}; validation loss {val}; checkpoint {s['checkpoint']}; "
+        f"MLflow run {s['mlflow_run_id']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
     try:
-        train(config_from_args(args), resume=args.resume)
+        train(config_from_args(args), resume=args.resume, on_change=args.on_change)
     except DssmError as e:
         print(f"dssm train (rank {rank}): error: {e}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def home_depot() -> Path:
 
 @pytest.fixture(scope="session")
 def default_pairs():
-    from dssm.judgments import read_judgments
+    from core.judgments import read_judgments
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     return read_judgments(DEFAULT_CATALOGUE)
@@ -81,8 +81,8 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dssm.artifacts import write_manifest
-    from dssm.text import word_trigrams
+    from core.artifacts import write_manifest
+    from core.text import word_trigrams
     from jobs.schemas import NEGATIVES, VOCAB
 
     rng = random.Random(seed)
@@ -154,7 +154,7 @@ def write_judged(path: Path, test: bool = True) -> Path:
     """Queries `attribute product` from the tiny domain; two titles of the product (label 3), four of others (1)."""
     import csv
 
-    from dssm.text import is_test_query
+    from core.text import is_test_query
 
     queries = [f"{a} {p}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES if is_test_query(f"{a} {p}") == test]
     with open(path, "w", newline="") as f:

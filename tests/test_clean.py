@@ -4,8 +4,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from dssm.artifacts import content_sha256, read_manifest
-from dssm.errors import DssmError
+from core.artifacts import content_sha256, read_manifest
+from core.errors import DssmError
 from jobs.clean import clean
 
 
@@ -44,7 +44,7 @@ def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline):
 
     before = read_manifest(pipeline["clean"])
     lazy = LazySpark()
-    assert clean(lazy, str(pipeline["simulate"]), pipeline["clean"]) == before
+    assert clean(lazy, str(pipeline["simulate"]), pipeline["clean"]) == before | {"skipped": True}
     assert lazy._session is None  # up to date: no session was asked for (the flow starts no JVM)
     again = clean(spark, str(pipeline["simulate"]), pipeline["clean"], force=True)
     assert again["content_sha256"] == before["content_sha256"]
@@ -118,3 +118,23 @@ def test_rules_drop_duplicates_bots_and_empty_queries(spark, tmp_path):
         for p in pq.read_table(tmp_path / "out" / "pairs").to_pylist()
     }
     assert pairs == {("drill", "a drill"): (1, 1), ("saw", "b saw"): (3, 3)}
+
+
+def test_invalid_utf8_and_out_of_range_lines_are_quarantined_not_fatal(spark, tmp_path, pipeline):
+    good = gzip.open(next((pipeline["simulate"] / "logs").glob("part-*")), "rt").read().splitlines()[:50]
+    record = json.loads(good[0])
+    record["impression_id"] = "huge-position"
+    record["results"][0]["position"] = 2**31
+    raw = [g.encode() for g in good] + [good[1].encode().replace(b'"query":"', b'"query":"\xe9', 1)]
+    raw.append(json.dumps(record).encode())
+    src = tmp_path / "logs" / "day1"  # a subdirectory: files below --input are read too
+    src.mkdir(parents=True)
+    with gzip.open(src / "part-0.jsonl.gz", "wb") as handle:
+        handle.write(b"\n".join(raw) + b"\n")
+    m = clean(spark, str(tmp_path / "logs"), tmp_path / "out")
+    c = m["counts"]
+    assert c["lines_read"] == 52 == c["kept"] + c["rejected"]
+    assert c["rejected_by_reason"]["invalid_utf8"] == 1 and c["rejected_by_reason"]["bad_value"] == 1
+    rejects = pq.read_table(tmp_path / "out" / "rejects").to_pylist()
+    assert {r["reason"] for r in rejects} >= {"invalid_utf8", "bad_value"}
+    assert any("\\xe9" in (r["raw"] or "") for r in rejects)  # the line is kept, its bad byte escaped

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from dssm.errors import DssmError
-from dssm.judgments import JudgedPair
-from dssm.text import is_test_query
+from core.errors import DssmError
+from core.judgments import JudgedPair
+from core.text import is_test_query
 from evaluation.lexical import BM25, PLSA, Collection, UnigramLM
 from evaluation.protocol import (
     build_eval_set,

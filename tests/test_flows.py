@@ -49,7 +49,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 @pytest.mark.integration
-def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, capsys, caplog):
+def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, capsys, caplog, monkeypatch):
     work = tmp_path / "w"
     # Enough steps that the kill lands mid-training; a checkpoint every 10 steps.
     train = [*TINY_TRAIN, "epochs=20", "checkpoint_every=10", "eval_every=1000"]
@@ -99,6 +99,28 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     # the analyze stage's report is an artifact of the training run
     assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
+    # the resolved run config: in report.json and with the training run
+    assert summary["config"]["negatives"]["seed"] == 13 and summary["config"]["train"]["overrides"] == train
+    logged = json.loads(mlflow.MlflowClient().download_artifacts(train_run, "run_config.json", str(tmp_path)))
+    assert logged == summary["config"]
+
+    # An edit to the negatives stage's code: it and everything downstream recompute, upstream is skipped.
+    import core.artifacts
+
+    real = core.artifacts.module_sha256
+    monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "jobs.negatives" else real(m))
+    assert main(args) == 0
+    rerun = json.loads((work / "report.json").read_text())
+    skipped = {s["stage"]: s["skipped"] for s in rerun["pipeline"]["stages"]}
+    assert skipped == {
+        "simulate": True,
+        "clean": True,
+        "vocab": True,
+        "negatives": False,
+        "train": False,
+        "evaluate": False,
+        "analyze": False,
+    }
 
 
 def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, capsys):
@@ -119,26 +141,29 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
 
     import torch
 
+    from core.layout import Layout
     from flows.stages import train_stage
     from modeling.checkpoint import read_checkpoint
 
     work = tmp_path / "w"
     shutil.copytree(tiny_data, work)
-    negatives = str(work / "negatives")
+    layout = Layout(work)
+    negatives = str(layout.negatives)
     overrides = ["data.batch_size=16", "epochs=1", "model.ncell=8"]
-    first = train_stage(work, negatives, overrides, nproc=1, force=False)
+    first = train_stage(layout, negatives, overrides, nproc=1, force=False)
     assert not first.skipped and first.counts["steps"] == 6 and Path(first.path).exists()
-    again = train_stage(work, negatives, overrides, nproc=1, force=False)
+    again = train_stage(layout, negatives, overrides, nproc=1, force=False)
     assert again.skipped and again.sha256 == first.sha256
     # a run made before a config key existed is still this config: the key's default keeps its behaviour
     state = read_checkpoint(Path(first.path))
     del state["config"]["model"]["gran_type"], state["config"]["loss"]["l2_embeddings"]
     torch.save(state, first.path)
-    assert train_stage(work, negatives, overrides, nproc=1, force=False).skipped
+    assert train_stage(layout, negatives, overrides, nproc=1, force=False).skipped
     caplog.set_level(logging.INFO)
+    changed = train_stage(layout, negatives, [*overrides, "model.ncell=4"], nproc=1, force=False)
+    assert any("model config model.ncell 8 -> 4; training" in r.getMessage() for r in caplog.records)
     # another config: trained afresh, here by 2 gloo processes under torchrun
-    changed = train_stage(work, negatives, [*overrides, "model.ncell=4"], nproc=2, force=False)
-    assert any("the training config changed (model.ncell 8 -> 4); training" in r.getMessage() for r in caplog.records)
+    changed = train_stage(layout, negatives, [*overrides, "model.ncell=4", "epochs=2"], nproc=2, force=False)
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
     state = read_checkpoint(Path(changed.path))
-    assert state["config"]["model"]["ncell"] == 4 and state["step"] == 6
+    assert state["config"]["model"]["ncell"] == 4 and state["step"] == 12

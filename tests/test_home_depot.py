@@ -5,8 +5,8 @@ from collections import defaultdict
 import pyarrow.parquet as pq
 import pytest
 
-from dssm.artifacts import read_manifest, sha256_file
-from dssm.judgments import read_judgments
+from core.artifacts import read_manifest, sha256_file
+from core.judgments import read_judgments
 from jobs.clean import clean
 from jobs.negatives import NegativesConfig, negatives
 from jobs.simulate import SimulationConfig, simulate

@@ -2,8 +2,8 @@ import zipfile
 
 import pytest
 
-from dssm.errors import DssmError
-from dssm.judgments import JudgedSetSpec, read_judgments
+from core.errors import DssmError
+from core.judgments import JudgedSetSpec, read_judgments
 
 SPEC = JudgedSetSpec("q", "t", "l", "utf-8")
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from dssm.errors import DssmError
-from modeling.config import ENCODERS, LossConfig, ModelConfig, OptimConfig, load_config
+from core.errors import DssmError
+from modeling.config import LossConfig, ModelConfig, OptimConfig, load_config
 from modeling.data import pair_weights
-from modeling.encoders import build_encoder
+from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss
 from modeling.optim import momentum_at

@@ -3,7 +3,7 @@ from collections import defaultdict
 import pyarrow.parquet as pq
 import pytest
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 from jobs.negatives import NegativesConfig, sample_negatives, validation_queries
 
 

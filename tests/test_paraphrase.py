@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS
 from scipy import stats
 
+from core.sentence_pairs import SentencePair, parse_line, read_pairs, sentence_norm
 from dssm.cli import main as dssm_main
-from dssm.sentence_pairs import SentencePair, parse_line, read_pairs, sentence_norm
 from evaluation.neural import TwoTowerEmbedder
 from evaluation.sts import sts_files
 from jobs.negatives import NegativesConfig, negatives
@@ -83,7 +83,8 @@ def test_the_spark_jobs_prepare_pairs_like_click_pairs(spark, paraphrase_data):
     from jobs.spark import LazySpark
 
     lazy = LazySpark()
-    assert paraphrase(lazy, str(paraphrase_data / "pairs.tsv"), paraphrase_data / "clean") == manifest
+    again = paraphrase(lazy, str(paraphrase_data / "pairs.tsv"), paraphrase_data / "clean")
+    assert again == manifest | {"skipped": True}
     assert lazy._session is None
 
 

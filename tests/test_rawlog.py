@@ -51,6 +51,9 @@ def test_a_good_line_is_normalised():
         (line(results=[]), "bad_value"),
         (line(clicks=[{"position": 7, "dwell_ms": 5}]), "bad_value"),
         (line(clicks=[{"position": 1, "dwell_ms": -5}]), "bad_value"),
+        (line(results=[{"position": 2**31, "title": "x"}]), "bad_value"),  # beyond int32
+        (line().encode().replace(b"Wood", b"W\xf6od"), "invalid_utf8"),  # a latin-1 byte
+        (b"\xff\xfe{", "invalid_utf8"),
     ],
 )
 def test_each_malformed_kind_has_its_reason(text, reason):
@@ -61,3 +64,33 @@ def test_each_malformed_kind_has_its_reason(text, reason):
 
 def test_empty_query_is_well_formed_and_left_to_the_rules():
     assert parse_line(line(query="   ")).query == ""
+
+
+def test_random_byte_flips_never_fail_a_batch_and_every_line_is_accounted_for():
+    """Fuzz: flip bytes of good lines; every line comes out parsed or quarantined with a known reason."""
+    import random
+
+    import pyarrow as pa
+
+    from jobs.rawlog import MALFORMED_REASONS, parse_batches
+
+    rng = random.Random(7)
+    lines = []
+    for i in range(400):
+        raw = bytearray(line(impression_id=f"i{i}").encode())
+        for _ in range(rng.randint(0, 3)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        lines.append(bytes(raw))
+    # as Spark's text source hands them over: a string column that may hold invalid UTF-8
+    values = pa.array(lines, pa.binary()).view(pa.string())
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["f"] * len(lines)), pa.array(range(len(lines)), pa.int64()), values],
+        names=["source", "line", "value"],
+    )
+    out = pa.Table.from_batches(list(parse_batches(iter([batch]))))
+    assert out.num_rows == len(lines)
+    reasons = out.column("reason").to_pylist()
+    assert set(reasons) - {None} <= set(MALFORMED_REASONS)
+    assert reasons.count("invalid_utf8") > 0 and reasons.count(None) > 0
+    raws = out.column("raw").to_pylist()
+    assert all((r is None) == (reason is None) for r, reason in zip(raws, reasons, strict=True))

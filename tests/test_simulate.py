@@ -5,8 +5,8 @@ from collections import Counter
 import orjson
 import pyarrow.parquet as pq
 
-from dssm.artifacts import content_sha256
-from dssm.text import is_test_query, norm
+from core.artifacts import content_sha256
+from core.text import is_test_query, norm
 from jobs import catalogue
 from jobs.simulate import SimulationConfig, simulate
 

@@ -16,7 +16,7 @@ import urllib.request
 import pyarrow.parquet as pq
 import pytest
 
-from dssm.artifacts import read_manifest
+from core.artifacts import read_manifest
 from infra import stack
 from jobs.catalogue import DEFAULT_CATALOGUE
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from core.judgments import read_judgments
 from dssm.cli import main as dssm_main
-from dssm.judgments import read_judgments
 from evaluation.protocol import CUTOFFS, build_eval_set, evaluate_scores
 from evaluation.systems import build_baseline
 

@@ -1,6 +1,6 @@
 import hashlib
 
-from dssm.text import is_test_query, letter_trigrams, norm, word_trigrams
+from core.text import is_test_query, letter_trigrams, norm, word_trigrams
 
 
 def test_trigrams_of_good_follow_the_paper():

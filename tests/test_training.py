@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,8 +17,9 @@ import pytest
 import torch
 from conftest import write_tiny_dataset
 
+from core.artifacts import write_manifest
+from core.errors import DssmError
 from dssm.cli import main as dssm_main
-from dssm.errors import DssmError
 from modeling.checkpoint import load_model, read_checkpoint
 from modeling.config import load_config
 from modeling.data import ClickBatches, train_files, validation_rows
@@ -143,6 +145,9 @@ def test_bad_input_gives_a_clear_error_and_no_checkpoint(tiny_data, tmp_path, ca
     shutil.copytree(tiny_data / "vocab", broken / "vocab", dirs_exist_ok=True)
     shard = broken / "negatives" / "train" / "part-00002.parquet"
     pq.write_table(pq.read_table(shard).slice(0, 0), shard)
+    fails("negatives is damaged: .*part-00002.parquet has", broken)  # the manifest lists every file's size
+    manifest = json.loads((broken / "negatives" / "manifest.json").read_text())
+    write_manifest(broken / "negatives", {k: manifest[k] for k in ("stage", "inputs", "params")})
     fails("fewer than 4 rows", broken)
 
     fails("multiple of the 4 train shards", tiny_data, "data.batch_size=10")
@@ -201,3 +206,27 @@ def test_trains_on_the_spark_pipeline_output(pipeline, tmp_path):
     valid = history(cfg.mlflow_uri, summary["mlflow_run_id"], "valid_loss")
     first, last = valid[min(valid)], valid[max(valid)]
     assert last < first and last < 1.5
+
+
+def test_a_truncated_last_checkpoint_falls_back_to_the_newest_intact_one(tiny_data, tmp_path, caplog):
+    """last.pt is a hard link of the newest step file: truncating one truncates both; the run resumes
+    from the older step file instead of blocking the pipeline."""
+    import logging
+
+    from modeling.checkpoint import newest_checkpoint
+
+    out = tmp_path / "run"
+    uri = f"mlflow_uri=sqlite:///{tmp_path}/m.db"
+    train(config(tiny_data, out, uri, "max_steps=20", "checkpoint_every=5", "keep_checkpoints=2"))
+    assert sorted(p.name for p in out.glob("step-*.pt")) == ["step-0000015.pt", "step-0000020.pt"]
+    with open(out / "last.pt", "r+b") as handle:
+        handle.truncate(100)
+    caplog.set_level(logging.INFO)
+    path, state = newest_checkpoint(out)
+    assert path.name == "step-0000015.pt" and state["step"] == 15
+    summary = train(config(tiny_data, out, uri, "max_steps=20", "checkpoint_every=5"), resume=True)
+    assert summary["steps"] == 20 and any("resuming from step 15" in r.getMessage() for r in caplog.records)
+    for name in ("last.pt", "step-0000015.pt", "step-0000020.pt"):
+        (out / name).write_bytes(b"garbage")
+    with pytest.raises(DssmError, match="no readable checkpoint .* delete"):
+        newest_checkpoint(out)

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 
-from dssm.text import word_trigrams
+from core.text import word_trigrams
 from jobs.vocab import UNKNOWN, build_vocab, trigram_counts, word_counts
 
 

@@ -12,10 +12,12 @@ import io
 import math
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
-from dssm.errors import DssmError
+from core.errors import DssmError
 
 
 @dataclass(frozen=True)
@@ -107,3 +109,52 @@ def read_judgments(path: str | Path, spec: JudgedSetSpec = JudgedSetSpec()) -> l
     if not pairs:
         raise DssmError(f"judged set has a header but no rows: {path}")
     return pairs
+
+
+@cache
+def _read_cached(path: str, spec: JudgedSetSpec, sha256: str) -> tuple[JudgedPair, ...]:
+    return tuple(read_judgments(path, spec))
+
+
+def dataset_name(path: Path | str) -> str:
+    """A readable default name: `homedepot-search-relevance/train.csv.zip` → homedepot-search-relevance-train."""
+    path = Path(path)
+    stem = path.name.split(".")[0]
+    return f"{path.parent.name}-{stem}" if path.parent.name not in ("", ".") else stem
+
+
+@dataclass(frozen=True)
+class JudgedSet:
+    """A judged set resolved once per run: where it is, how to read it, its content hash and name."""
+
+    path: str
+    spec: JudgedSetSpec
+    sha256: str
+    name: str  # the MLflow experiment and `dataset` tag of the runs made from it
+    embedded: bool = False  # the project's default catalogue
+
+    def pairs(self) -> list[JudgedPair]:
+        """Its rows, parsed once per process (keyed by content hash: a changed file is read anew)."""
+        return list(_read_cached(self.path, self.spec, self.sha256))
+
+    def describe(self) -> dict[str, Any]:
+        """What a manifest records of it."""
+        return {"path": self.path, "sha256": self.sha256, "spec": asdict(self.spec), "embedded_default": self.embedded}
+
+
+def resolve_judged_set(
+    path: str | Path | None,
+    spec: JudgedSetSpec = JudgedSetSpec(),
+    default: Path | None = None,
+    default_name: str = "default-catalogue",
+) -> JudgedSet:
+    """The judged set at `path` (None or "": `default`, named `default_name`), hashed once."""
+    from core.artifacts import sha256_file
+
+    if not path and default is None:
+        raise DssmError("no judged set given")
+    chosen = Path(path) if path else Path(default)
+    if not chosen.is_file():
+        raise DssmError(f"judged set not found: {chosen}")
+    name = dataset_name(chosen) if path else default_name
+    return JudgedSet(str(chosen), spec, sha256_file(chosen), name, embedded=not path)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dssm.errors import DssmError
-from dssm.text import norm
+from core.errors import DssmError
+from core.text import norm
 
 FORMATS = ("pairs", "sts", "stsb", "sick")
 # (sentence1, sentence2, score) columns; score None: the format has none

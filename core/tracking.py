@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core.layout import Layout
+
 
 def experiment_id(tracking_uri: str, name: str) -> str:
     """The id of experiment `name`, created if missing. With a local sqlite store, artifacts go
@@ -29,4 +31,4 @@ _USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 def default_tracking_uri(work: Path) -> str:
     """The default tracking URI: $MLFLOW_TRACKING_URI as the command started with (e.g. the local
     stack's server), else a sqlite store in the work dir."""
-    return _USER_TRACKING_URI or f"sqlite:///{(Path(work) / 'mlflow.db').resolve()}"
+    return _USER_TRACKING_URI or f"sqlite:///{Layout(work).mlflow_db.resolve()}"

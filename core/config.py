@@ -1,0 +1,133 @@
+"""Typed configs from nested dataclasses: defaults < a YAML file < `KEY=VALUE` overrides.
+
+One loader for every config object (the training run's, the retrain flow's): unknown keys are an
+error that lists the known ones, values are converted to the field's type, frozen sections are
+rebuilt rather than mutated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from core.errors import DssmError
+
+T = TypeVar("T")
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in {"1", "true", "yes", "on"}:
+                return True
+            if str(value).lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(value)
+        if hint is int:
+            return int(str(value).replace("_", ""))
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+        if origin is tuple:
+            kinds = typing.get_args(hint)
+            items = value if isinstance(value, list | tuple) else str(value).strip("()[]").split(",")
+            if len(items) != len(kinds):
+                raise ValueError(value)
+            pairs = zip(items, kinds, strict=True)
+            return tuple(_convert(v.strip() if isinstance(v, str) else v, k, key) for v, k in pairs)
+        if origin is list:
+            (item,) = typing.get_args(hint)
+            items = value if isinstance(value, list) else [v for v in str(value).strip("[]").split(",") if v.strip()]
+            return [_convert(v.strip() if isinstance(v, str) else v, item, key) for v in items]
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if value is None or str(value).lower() in {"none", "null", ""}:
+                return None
+            return _convert(value, args[0], key)
+    except (TypeError, ValueError) as e:
+        raise DssmError(f"config {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from e
+    raise DssmError(f"config {key}: unsupported type {hint}")
+
+
+def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
+    """A copy of the dataclass `obj` with `values` (a nested dict) applied."""
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in fields(obj)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in names:
+            raise DssmError(f"config: unknown key {prefix}{key!s} (known: {', '.join(sorted(names))})")
+        current = changes.get(key, getattr(obj, key))
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
+            changes[key] = apply(current, value, f"{prefix}{key}.")
+        else:
+            changes[key] = _convert(value, hints[key], prefix + key)
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["optim.lr=0.1", "epochs=3"]` -> nested dict."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise DssmError(f"override {pair!r}: expected key=value, e.g. optim.lr=0.05")
+        key, value = pair.split("=", 1)
+        node = nested
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise DssmError(f"override {pair!r}: {part} is a value, not a section")
+        node[leaf] = value
+    return nested
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not Path(path).exists():
+        raise DssmError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise DssmError(f"config file {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise DssmError(f"config file {path}: expected a mapping at the top level")
+    return loaded
+
+
+def load(
+    default: T, path: Path | None = None, overrides: list[str] | None = None, base: dict[str, Any] | None = None
+) -> T:
+    """`default`, then `base` (e.g. a saved config), then the YAML file, then the overrides."""
+    cfg = default
+    if base:
+        cfg = apply(cfg, base)
+    if path is not None:
+        cfg = apply(cfg, read_yaml(path))
+    return apply(cfg, parse_overrides(overrides or []))
+
+
+def flat(cfg: Any) -> dict[str, Any]:
+    """Dotted keys (as MLflow parameters)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            out[prefix[:-1]] = value
+
+    walk("", dataclasses.asdict(cfg))
+    return out

@@ -1,0 +1,54 @@
+"""Where every stage of a work dir lives: the one place that names `WORKDIR/negatives` and friends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Layout:
+    workdir: Path
+
+    def __init__(self, workdir: str | Path):
+        object.__setattr__(self, "workdir", Path(workdir))
+
+    @property
+    def simulate(self) -> Path:
+        return self.workdir / "simulate"
+
+    @property
+    def clean(self) -> Path:
+        return self.workdir / "clean"
+
+    @property
+    def vocab(self) -> Path:
+        return self.workdir / "vocab"
+
+    @property
+    def negatives(self) -> Path:
+        return self.workdir / "negatives"
+
+    def train(self, encoder: str) -> Path:
+        """A training run directory: checkpoints of one encoder."""
+        return self.workdir / "train" / encoder
+
+    @property
+    def evaluate(self) -> Path:
+        return self.workdir / "eval"
+
+    @property
+    def analysis(self) -> Path:
+        return self.workdir / "analysis"
+
+    @property
+    def report(self) -> Path:
+        return self.workdir / "report.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.workdir / ".lock"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.workdir / "mlflow.db"

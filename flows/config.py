@@ -1,0 +1,170 @@
+"""One typed config per retrain run: nested per-stage sections, defaults < YAML < KEY=VALUE.
+
+`dssm run --config run.yaml negatives.seed=7 train.epochs=10` resolves it like the training config
+(core/config.py): unknown keys are an error, values take the field's type. The stage sections are
+the stages' own config dataclasses, so a new stage option is one field in its stage's dataclass and
+is at once settable here, shown in the Prefect UI, saved in WORKDIR/report.json and logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.config import apply, flat, load, parse_overrides
+from core.errors import DssmError
+from core.judgments import JudgedSetSpec
+from jobs.clean import CleanConfig
+from jobs.negatives import NegativesConfig
+from jobs.simulate import SimulationConfig
+from jobs.vocab import VocabConfig
+
+
+@dataclass
+class JudgmentsSection:
+    path: str = ""  # a judged set (CSV/TSV or a .zip of one); empty: the embedded default catalogue
+    spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
+
+
+@dataclass
+class TrainSection:
+    models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: the config's (lstm)
+    epochs: int = 0  # 0: the training config's
+    overrides: list[str] = field(default_factory=list)  # training config KEY=VALUE (docs/training.md)
+    nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
+
+
+@dataclass
+class EvaluateSection:
+    baselines: list[str] = field(default_factory=lambda: ["bm25"])
+
+
+@dataclass
+class RunConfig:
+    workdir: str = "work"
+    logs: str = ""  # raw logs to ingest instead of simulating (file, dir or glob); evaluation then needs judgments
+    judgments: JudgmentsSection = field(default_factory=JudgmentsSection)
+    simulate: SimulationConfig = field(default_factory=SimulationConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    negatives: NegativesConfig = field(default_factory=NegativesConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    analyze: bool = True  # `dssm analyze` the trained recurrent model as the last stage
+    mlflow_uri: str = ""  # default: $MLFLOW_TRACKING_URI, else sqlite WORKDIR/mlflow.db
+    spark_master: str = ""  # default: $DSSM_SPARK_MASTER, else local[*]
+    force: bool = False  # recompute every stage
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        return flat(self)
+
+    def absolute(self) -> RunConfig:
+        """Paths made absolute: scheduled runs start in subprocesses whose cwd is not the user's."""
+        from dataclasses import replace
+
+        def resolved(p: str) -> str:
+            return str(Path(p).resolve()) if p and "://" not in p else p
+
+        return replace(
+            self,
+            workdir=resolved(self.workdir),
+            logs=resolved(self.logs),
+            judgments=replace(self.judgments, path=resolved(self.judgments.path)),
+        )
+
+
+def load_run_config(
+    path: Path | None = None, overrides: list[str] | None = None, options: dict[str, Any] | None = None
+) -> RunConfig:
+    """Defaults < the YAML file < `options` (the CLI flags given) < KEY=VALUE overrides, validated."""
+    cfg = load(RunConfig(), path)
+    cfg = apply(cfg, options or {})
+    cfg = apply(cfg, parse_overrides(overrides or []))
+    validate(cfg)
+    return cfg
+
+
+def _number(text: str) -> int:
+    return int(text.replace("_", ""))
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+# The flags of `dssm run`/`dssm schedule`: shorthands for config keys, applied only when given.
+_FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
+    (("--workdir",), "workdir", {}, "where stage outputs go"),
+    (("--logs",), "logs", {}, "raw click logs to ingest instead of simulating (file, dir or glob)"),
+    (("--judgments",), "judgments.path", {}, "judged set (CSV/TSV or a .zip of one); default: the embedded catalogue"),
+    (("--query-col",), "judgments.spec.query_col", {}, "query column of the judged set"),
+    (("--title-col",), "judgments.spec.title_col", {}, "title column of the judged set"),
+    (("--label-col",), "judgments.spec.label_col", {}, "label column of the judged set"),
+    (("--encoding",), "judgments.spec.encoding", {}, "the judged set's encoding"),
+    (("--impressions",), "simulate.impressions", {"type": _number}, "impressions to simulate, e.g. 1_000_000"),
+    (("--seed",), "simulate.seed", {"type": int}, "simulation seed"),
+    (("--shards",), "simulate.shards", {"type": int}, "simulated log files (0: one per 250k impressions)"),
+    (("--workers",), "simulate.workers", {"type": int}, "simulation processes (0: CPUs)"),
+    (("-n",), "negatives.n", {"type": int}, "negatives per pair"),
+    (("--models",), "train.models", {"type": _names}, "encoders trained side by side, e.g. lstm,rnn,dssm"),
+    (("--epochs",), "train.epochs", {"type": int}, "training epochs (0: the training config's)"),
+    (("--train",), "train.overrides", {"nargs": "+", "metavar": "KEY=VALUE"}, "training config overrides"),
+    (("--nproc",), "train.nproc", {"type": int}, "training processes under torchrun (0: one per GPU, else 1)"),
+    (("--baselines",), "evaluate.baselines", {"type": _names}, "baselines beside the model (bm25,doc2vec,ulm,..)"),
+    (("--mlflow-uri",), "mlflow_uri", {}, "MLflow tracking URI (empty: $MLFLOW_TRACKING_URI, else WORKDIR/mlflow.db)"),
+    (("--master",), "spark_master", {}, "Spark master URL (default: $DSSM_SPARK_MASTER, else local[*])"),
+]
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm run`/`dssm schedule`: --config, KEY=VALUE overrides, and flags for the common keys."""
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run config overrides, e.g. negatives.seed=7")
+    p.add_argument("--config", type=Path, help="YAML run config (defaults < file < flags < KEY=VALUE)")
+    defaults = flat(RunConfig())
+    g = p.add_argument_group("shorthands for config keys (docs/flows.md lists every key)")
+    for names, key, kwargs, text in _FLAGS:
+        shown = defaults[key]
+        shown = ",".join(shown) if isinstance(shown, list) else shown
+        text = f"{text} [{key}; default: {shown!r}]"
+        kwargs = {"metavar": key.rsplit(".", 1)[-1].upper(), **kwargs}
+        g.add_argument(*names, dest=key, default=argparse.SUPPRESS, help=text, **kwargs)
+    g.add_argument(
+        "--no-analyze", dest="analyze", action="store_false", default=argparse.SUPPRESS, help="skip the analyze stage"
+    )
+    g.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help="recompute every stage")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config of `dssm run`/`dssm schedule`: only the flags actually given take part."""
+    keys = {key for _, key, _, _ in _FLAGS} | {"analyze", "force"}
+    options: dict[str, Any] = {}
+    for key in keys & set(vars(args)):
+        node = options
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = getattr(args, key)
+    return load_run_config(args.config, args.overrides, options)
+
+
+def validate(cfg: RunConfig) -> None:
+    from modeling.config import load_config
+
+    load_config(None, cfg.train.overrides)  # an unknown or bad training key fails before any stage runs
+    from modeling.encoders import ENCODERS
+
+    unknown = [m for m in cfg.train.models if m not in ENCODERS]
+    if unknown:
+        raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
+    from evaluation.systems import parse_baselines
+
+    parse_baselines(",".join(cfg.evaluate.baselines))
+    if cfg.simulate.impressions < 1:
+        raise DssmError(f"simulate.impressions must be positive, got {cfg.simulate.impressions}")
+    if cfg.train.nproc < 0 or cfg.train.epochs < 0:
+        raise DssmError("train.nproc and train.epochs must be >= 0")

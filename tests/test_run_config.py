@@ -1,0 +1,110 @@
+"""The retrain flow's one run config: defaults < YAML < flags < KEY=VALUE, typed, unknown keys refused,
+editable as the flow's parameter; and the encoder registry as the single list of encoders."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core.errors import DssmError
+from dssm.cli import build_parser
+from flows.config import RunConfig, config_from_args, load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_args(*argv: str):
+    return build_parser(["run", *argv]).parse_args(["run", *argv])
+
+
+def test_defaults_then_yaml_then_flags_then_key_value(tmp_path):
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("negatives:\n  seed: 5\n  n: 2\ntrain:\n  epochs: 3\nsimulate:\n  impressions: 1000\n")
+    cfg = config_from_args(run_args("--config", str(yaml), "-n", "6", "negatives.seed=7", "train.models=lstm,rnn"))
+    assert cfg.negatives.seed == 7  # KEY=VALUE beats the file
+    assert cfg.negatives.n == 6  # a flag given beats the file
+    assert cfg.train.epochs == 3 and cfg.simulate.impressions == 1000  # the file beats the defaults
+    assert cfg.train.models == ["lstm", "rnn"] and cfg.negatives.valid_fraction == 0.1  # untouched: defaults
+    # a flag not given leaves the file's value alone
+    assert config_from_args(run_args("--config", str(yaml))).negatives.n == 2
+
+
+def test_every_stage_option_is_a_key(tmp_path):
+    cfg = load_run_config(
+        overrides=[
+            "negatives.valid_fraction=0.2",
+            "negatives.shards=4",
+            "clean.bot_max_per_minute=30",
+            "vocab.min_count=3",
+            "simulate.model.eta=1.5",
+            "judgments.spec.encoding=utf-8",
+            "train.overrides=epochs=2,optim.lr=0.05",
+            "evaluate.baselines=bm25,ulm",
+            "analyze=false",
+        ]
+    )
+    assert (cfg.negatives.valid_fraction, cfg.negatives.shards, cfg.clean.bot_max_per_minute) == (0.2, 4, 30)
+    assert cfg.vocab.min_count == 3 and cfg.simulate.model.eta == 1.5 and cfg.judgments.spec.encoding == "utf-8"
+    assert cfg.train.overrides == ["epochs=2", "optim.lr=0.05"] and cfg.evaluate.baselines == ["bm25", "ulm"]
+    assert cfg.analyze is False
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["negatives.sede=7"], "unknown key negatives.sede"),
+        (["negatives.seed=seven"], "cannot read 'seven' as int"),
+        (["train.overrides=optim.lrr=1"], "unknown key optim.lrr"),
+        (["train.models=lstm,transformer"], "unknown encoder"),
+        (["evaluate.baselines=bm25,google"], "unknown baseline"),
+        (["negatives=3"], "expected a section"),
+    ],
+)
+def test_bad_keys_and_values_are_one_clear_error(overrides, message):
+    with pytest.raises(DssmError, match=message):
+        load_run_config(overrides=overrides)
+
+
+def test_the_flow_takes_the_config_as_one_typed_parameter_the_ui_can_edit():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.retrain import retrain
+
+    schema = parameter_schema(retrain).model_dump()
+    definitions = schema["definitions"]
+    assert schema["properties"]["config"]["default"]["negatives"]["seed"] == 13
+    assert {"seed", "n", "valid_fraction", "shards"} <= set(definitions["NegativesConfig"]["properties"])
+    # a deployment's parameters are JSON: the absolute, plain-dict form round-trips
+    cfg = load_run_config(overrides=["workdir=rel/work", "negatives.seed=9"]).absolute()
+    assert Path(cfg.workdir).is_absolute() and RunConfig(**{}) != cfg
+    assert load_run_config(as_yaml(cfg.to_dict())).negatives.seed == 9
+
+
+def as_yaml(d: dict) -> Path:
+    """Write the dict as YAML and return its path (the deployment's parameter, read back as a config file)."""
+    import tempfile
+
+    import yaml
+
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    yaml.safe_dump(d, handle)
+    handle.close()
+    return Path(handle.name)
+
+
+def test_the_encoder_registry_is_the_one_list():
+    from analysis.lstm import RECURRENT
+    from modeling.config import load_config
+    from modeling.encoders import ENCODERS
+
+    documented = re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "training.md").read_text(), flags=re.M)
+    assert documented == list(ENCODERS)  # docs/training.md's encoder table, in registry order
+    train_help = build_parser(["train"])._subparsers._group_actions[0].choices["train"].format_help()
+    assert all(name in " ".join(train_help.split()) for name in ENCODERS)
+    assert set(RECURRENT) <= set(ENCODERS)
+    for name in ENCODERS:
+        load_config(None, [f"model.encoder={name}"])
+    with pytest.raises(DssmError, match="choose one of"):
+        load_config(None, ["model.encoder=transformer"])
