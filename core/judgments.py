@@ -11,6 +11,7 @@ import csv
 import io
 import math
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -59,6 +60,12 @@ def _open_text(path: Path, encoding: str) -> tuple[io.TextIOBase, str]:
         members = [m for m in archive.namelist() if m.lower().endswith((".csv", ".tsv", ".txt"))]
         if len(members) != 1:
             raise DssmError(f"{path}: expected one .csv/.tsv inside the zip, found {members or 'none'}")
+        try:  # a damaged member decompresses to garbage long before its CRC is checked at the end
+            damaged = archive.testzip()
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            damaged = f"{members[0]} ({e})"
+        if damaged:
+            raise DssmError(f"{path}: the zip is damaged ({damaged} fails its integrity check)")
         raw = archive.open(members[0])
         return io.TextIOWrapper(raw, encoding=encoding, newline=""), members[0]
     return open(path, encoding=encoding, newline=""), path.name

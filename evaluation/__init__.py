@@ -1,1 +1,1 @@
-"""Placeholder package: see docs/architecture.md (built by a later issue)."""
+"""Evaluation: PROTOCOL.md metrics, baselines, reports, the MLflow model and registry, STS (docs/evaluation.md)."""

@@ -13,8 +13,8 @@ work-pool deployment (prefect.yaml). See docs/flows.md.
 Importing this module runs flows/__init__.py first, which sets Prefect defaults before prefect loads.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Prefect validates the flow's `config: RunConfig` parameter
+# with pydantic from the real annotation (a string would not resolve when a deployment loads the flow).
 import json
 import os
 from typing import Any
@@ -173,8 +173,10 @@ def command(args) -> None:
     import time
 
     from flows.config import config_from_args
+    from flows.guardian import start_guardian
 
     cfg = config_from_args(args)
+    start_guardian()  # a SIGKILL of this pid alone must not orphan the ephemeral Prefect server
     started = time.time()
     summary = retrain(cfg)
     layout = Layout(cfg.workdir)

@@ -1,7 +1,7 @@
 """The pipeline's stages as plain functions: each takes paths and settings, returns a StageOutput.
 
 No Prefect here: flows/retrain.py wraps each one in a task. Every stage caches by input hash in
-its own manifest (dssm/artifacts.py), so calling one whose inputs have not changed is a no-op,
+its own manifest (core/artifacts.py: `publish`), so calling one whose inputs have not changed is a no-op,
 and a stage that failed half-way left only a temp dir that the next call removes.
 """
 

@@ -139,8 +139,12 @@ def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, A
     busy = [name for name, check in checks.items() if _ok(check)]
     if busy:
         raise DssmError(f"something already answers where the stack's {', '.join(busy)} should start; change the port")
+    taken = [port for port in _ports(cfg) if not _free(cfg.host, port)]
+    if taken:  # a process that is not one of ours holds it: say so now, not after the health-check timeout
+        raise DssmError(f"port(s) {', '.join(map(str, taken))} on {cfg.host} are in use by another process")
     state = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "urls": cfg.urls, "services": {}}
     deadline = time.monotonic() + cfg.timeout
+    procs: dict[str, subprocess.Popen] = {}
     try:
         for name, (argv, extra_env) in _commands(cfg).items():
             log_path = cfg.root.resolve() / "logs" / f"{name}.log"
@@ -153,6 +157,7 @@ def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, A
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # outlives this command; `down` stops its whole group
                 )
+            procs[name] = proc
             state["services"][name] = {"pid": proc.pid, "log": str(log_path)}
             _write_state(cfg.root, state)
             progress(f"started {name} (pid {proc.pid}, log {log_path})")
@@ -160,12 +165,28 @@ def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, A
                 _wait(name, checks[name], proc, deadline, log_path)
         for name, check in checks.items():
             info = state["services"][name]
-            _wait(name, check, None, deadline, Path(info["log"]))
+            _wait(name, check, procs.get(name), deadline, Path(info["log"]))  # an exited service fails at once
             progress(f"{name}: healthy")
     except BaseException:
         down(cfg.root, lambda _: None)
         raise
     return state
+
+
+def _ports(cfg: StackConfig) -> list[int]:
+    return [cfg.prefect_port, cfg.mlflow_port, cfg.spark_port, cfg.spark_ui_port, cfg.spark_worker_ui_port]
+
+
+def _free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait(name: str, check: Callable[[], bool], proc, deadline: float, log: Path) -> None:

@@ -34,7 +34,7 @@ from core.artifacts import code_fingerprint, content_sha256, data_files, publish
 from core.errors import DssmError
 from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
-from jobs.spark import distinct_count, stable_layout, write_parquet
+from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,13 @@ def clean(
     def build(tmp: Path) -> dict[str, Any]:
         scratch = tmp / "_parsed"
         with timed("parse and validate"):
-            parse(spark.read.option("recursiveFileLookup", "true").text(source)).write.parquet(str(scratch))
+            try:
+                parse(spark.read.option("recursiveFileLookup", "true").text(source)).write.parquet(str(scratch))
+            except Exception:
+                damaged = None if remote else damaged_input(Path(source))
+                if damaged:  # Spark's own message names no file
+                    raise DssmError(damaged) from None
+                raise
         parsed = spark.read.parquet(str(scratch))
         lines_read = parsed.count()
         if lines_read == 0:
@@ -222,7 +228,26 @@ def clean(
             "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
         }
 
-    return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force=force or remote)
+    with cluster_errors():
+        return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force=force or remote)
+
+
+def damaged_input(source: Path) -> str | None:
+    """What is wrong with an unreadable input file (a truncated or corrupt .gz), or None. Read in
+    full, so only after a failure."""
+    import gzip
+    import zlib
+
+    for path in data_files(source):
+        if path.suffix != ".gz":
+            continue
+        try:
+            with gzip.open(path, "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
+        except (EOFError, OSError, zlib.error) as e:
+            return f"{path}: a damaged gzip file ({e}); repair it or move it out of the input"
+    return None
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.errors import DssmError
 from jobs.schemas import NEGATIVES
-from jobs.spark import distinct_count, write_parquet
+from jobs.spark import cluster_errors, distinct_count, write_parquet
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 6
@@ -117,7 +117,8 @@ def negatives(
         return {"counts": counts, "outputs": {"train": "train/", "valid": "valid/"}}
 
     code = code_fingerprint(__name__)
-    return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=[upstream])
+    with cluster_errors():
+        return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=[upstream])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

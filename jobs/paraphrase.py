@@ -24,7 +24,7 @@ from core.artifacts import code_fingerprint, content_sha256, publish
 from core.errors import DssmError
 from core.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
-from jobs.spark import distinct_count, stable_layout, write_parquet
+from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
 log = logging.getLogger(__name__)
 ROWS_PER_FILE = 200_000
@@ -114,7 +114,8 @@ def paraphrase(
         }
 
     # Published as stage "clean": downstream jobs read it as they read cleaned click data.
-    return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
+    with cluster_errors():
+        return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,13 @@ same job code runs unchanged on a standalone, Kubernetes or YARN cluster.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from core.errors import TransientError
 from jobs.schemas import check_parquet
 
+log = logging.getLogger(__name__)
 DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -49,7 +55,11 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     # Python UDFs (the raw-log parser) must run in this interpreter, with its packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(resolve_master(master)).appName(app)
-    settings = {**DEFAULT_CONF, **(conf or {})}
+    settings = dict(DEFAULT_CONF)
+    if resolve_master(master).startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
+        # A local job's driver listens on loopback only, not on the machine's external interface.
+        settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    settings |= conf or {}
     if "DSSM_SPARK_DRIVER_MEMORY" in os.environ:
         settings["spark.driver.memory"] = os.environ["DSSM_SPARK_DRIVER_MEMORY"]
     for key, value in settings.items():
@@ -61,7 +71,60 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
             f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}"
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
+    if not resolve_master(master).startswith("local"):
+        global _watch
+        _watch = ClusterWatch(spark, resolve_master(master), float(os.environ.get(NO_EXECUTOR_TIMEOUT_ENV, "120")))
+        _watch.start()
     return spark
+
+
+NO_EXECUTOR_TIMEOUT_ENV = "DSSM_SPARK_NO_EXECUTOR_TIMEOUT"
+_watch: ClusterWatch | None = None
+
+
+class ClusterWatch(threading.Thread):
+    """Cancels the running jobs when a cluster has had no executor for `timeout` seconds (its
+    workers or master went away): Spark's driver would otherwise wait for resources for ever."""
+
+    def __init__(self, spark: SparkSession, master: str, timeout: float, poll: float = 2.0):
+        super().__init__(daemon=True, name="dssm-spark-watch")
+        self.spark, self.master, self.timeout, self.poll = spark, master, timeout, poll
+        self.reason: str | None = None
+
+    def run(self) -> None:
+        sc = self.spark.sparkContext
+        since = None
+        while True:
+            time.sleep(self.poll)
+            try:
+                busy = bool(sc.statusTracker().getActiveJobsIds())
+                executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
+            except Exception:  # the context was stopped
+                return
+            if not busy or executors > 0:
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= self.timeout:
+                self.reason = (
+                    f"the Spark cluster {self.master} has had no executors for {self.timeout:.0f}s while a job waited "
+                    f"(is it down?); the job was cancelled ({NO_EXECUTOR_TIMEOUT_ENV} sets the wait)"
+                )
+                log.error(self.reason)
+                sc.cancelAllJobs()
+                since = None
+
+
+@contextmanager
+def cluster_errors() -> Iterator[None]:
+    """A job cancelled by the ClusterWatch fails with the watch's reason, not Spark's."""
+    try:
+        yield
+    except Exception:
+        if _watch is not None and _watch.reason:
+            reason, _watch.reason = _watch.reason, None
+            raise TransientError(reason) from None
+        raise
 
 
 class LazySpark:
@@ -87,9 +150,11 @@ def stable_layout(df: DataFrame, rows: int, rows_per_file: int, *keys: str) -> D
 def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = None) -> int:
     """Write `df` cast to the contract `schema` as `path/part-NNNNN.parquet`; returns its row count.
 
-    Part files get stable names (Spark's carry a random job id) so a rerun with the same data is
-    a byte-identical rewrite, and the written files are checked against the contract.
+    Part files get stable names (Spark's carry a random job id) and canonical footers
+    (jobs/footer.py), so a rerun with the same data is a byte-identical rewrite, in another JVM too,
+    and the written files are checked against the contract.
     """
+    from jobs.footer import canonicalize
     from jobs.schemas import spark_schema
 
     target = spark_schema(schema)
@@ -99,7 +164,8 @@ def write_parquet(df: DataFrame, path: Path, schema, partitions: int | None = No
     df.write.mode("overwrite").parquet(str(path))
     parts = sorted(path.glob("part-*.parquet"))
     for i, part in enumerate(parts):
-        part.rename(path / f"part-{i:05d}.parquet")
+        part = part.rename(path / f"part-{i:05d}.parquet")
+        canonicalize(part)  # the same data writes the same bytes in any JVM
     for junk in list(path.glob(".*.crc")) + list(path.glob("_*")):
         junk.unlink()
     check_parquet(path, schema)

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.text import WORD_BOUNDARY
 from jobs.schemas import VOCAB
-from jobs.spark import write_parquet
+from jobs.spark import cluster_errors, write_parquet
 
 log = logging.getLogger(__name__)
 UNKNOWN = "<unk>"
@@ -123,7 +123,8 @@ def vocab(
         return {"counts": summary, "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"}}
 
     code = code_fingerprint(__name__)
-    return publish(out, "vocab", code, inputs, asdict(cfg), build, force, upstream=[upstream])
+    with cluster_errors():
+        return publish(out, "vocab", code, inputs, asdict(cfg), build, force, upstream=[upstream])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,1 +1,1 @@
-"""Placeholder package: see docs/architecture.md (built by a later issue)."""
+"""torch models and training: word hashing, encoders (one registry), losses, optimiser, the DDP loop."""

@@ -44,7 +44,7 @@ def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
     if batch_size % len(files):
         raise DssmError(f"data.batch_size={batch_size} must be a multiple of the {len(files)} train shards")
     per_shard = batch_size // len(files)
-    rows = {f: pq.ParquetFile(f).metadata.num_rows for f in files}
+    rows = {f: parquet_file(f).metadata.num_rows for f in files}
     empty = [str(f) for f, n in rows.items() if n < per_shard]
     if empty:
         raise DssmError(
@@ -54,9 +54,17 @@ def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
     return per_shard, min(rows.values()) // per_shard
 
 
+def parquet_file(path: Path) -> pq.ParquetFile:
+    """An open shard, or an error that names the damaged file."""
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DssmError(f"{path}: not a readable Parquet file ({e}); rebuild it: `dssm negatives --force`") from None
+
+
 def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple]:
     """(query, positive, negatives, clicks, impressions) rows, shuffled within blocks."""
-    for record_batch in pq.ParquetFile(path).iter_batches(batch_size=block, columns=COLUMNS):
+    for record_batch in parquet_file(path).iter_batches(batch_size=block, columns=COLUMNS):
         cols = [record_batch.column(c).to_pylist() for c in COLUMNS]
         for i in rng.permutation(record_batch.num_rows):
             yield tuple(col[i] for col in cols)
@@ -152,7 +160,7 @@ def validation_rows(negatives: Path, limit: int) -> list:
     """The first `limit` rows of valid/ (fixed, so validation losses are comparable across steps)."""
     rows: list = []
     for f in sorted((Path(negatives) / "valid").glob("*.parquet")):
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=4096, columns=COLUMNS):
+        for batch in parquet_file(f).iter_batches(batch_size=4096, columns=COLUMNS):
             cols = [batch.column(c).to_pylist() for c in COLUMNS]
             rows.extend(zip(*cols, strict=True))
             if len(rows) >= limit:

@@ -1,5 +1,6 @@
 import gzip
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -138,3 +139,18 @@ def test_invalid_utf8_and_out_of_range_lines_are_quarantined_not_fatal(spark, tm
     rejects = pq.read_table(tmp_path / "out" / "rejects").to_pylist()
     assert {r["reason"] for r in rejects} >= {"invalid_utf8", "bad_value"}
     assert any("\\xe9" in (r["raw"] or "") for r in rejects)  # the line is kept, its bad byte escaped
+
+
+def test_a_local_driver_listens_on_loopback_only(spark):
+    assert spark.conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert spark.conf.get("spark.driver.host") == "127.0.0.1"
+
+
+def test_a_truncated_gzip_input_is_named_in_the_error(spark, tmp_path, pipeline):
+    logs = tmp_path / "logs"
+    shutil.copytree(pipeline["simulate"] / "logs", logs)
+    victim = sorted(logs.glob("part-*"))[-1]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(DssmError, match=f"{victim.name}: a damaged gzip file"):
+        clean(spark, str(logs), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """The retrain flow as `dssm run` starts it: real Prefect flow runs (ephemeral API), real Spark,
 real training and MLflow; a run killed mid-training resumes; a failing stage fails the flow run."""
 
+import contextlib
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dssm.cli import main
@@ -62,8 +64,15 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     )
     try:
         wait_for(work / "train" / "lstm" / "last.pt", proc)
+        helpers = psutil.Process(proc.pid).children(recursive=True)  # the ephemeral Prefect server among them
+        assert helpers
+        os.kill(proc.pid, signal.SIGKILL)  # the main pid only: its guardian ends the helpers
+        proc.wait()
+        _, orphans = psutil.wait_procs(helpers, timeout=30)
+        assert not orphans, [" ".join(p.cmdline()[:4]) for p in orphans]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (work / "eval").exists() and not (work / "report.json").exists()
 
@@ -101,8 +110,17 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
     # the resolved run config: in report.json and with the training run
     assert summary["config"]["negatives"]["seed"] == 13 and summary["config"]["train"]["overrides"] == train
-    logged = json.loads(mlflow.MlflowClient().download_artifacts(train_run, "run_config.json", str(tmp_path)))
+    logged = Path(mlflow.MlflowClient().download_artifacts(train_run, "run_config.json", str(tmp_path)))
+    logged = json.loads(logged.read_text())
     assert logged == summary["config"]
+
+    def skipped_stages() -> dict[str, bool]:
+        return {s["stage"]: s["skipped"] for s in json.loads((work / "report.json").read_text())["pipeline"]["stages"]}
+
+    # An unreadable manifest means "not up to date": that stage is recomputed (same bytes: the rest is skipped).
+    (work / "simulate" / "manifest.json").write_text("{ garbage")
+    assert main(args) == 0
+    assert [stage for stage, skipped in skipped_stages().items() if not skipped] == ["simulate"]
 
     # An edit to the negatives stage's code: it and everything downstream recompute, upstream is skipped.
     import core.artifacts
@@ -110,9 +128,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     real = core.artifacts.module_sha256
     monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "jobs.negatives" else real(m))
     assert main(args) == 0
-    rerun = json.loads((work / "report.json").read_text())
-    skipped = {s["stage"]: s["skipped"] for s in rerun["pipeline"]["stages"]}
-    assert skipped == {
+    assert skipped_stages() == {
         "simulate": True,
         "clean": True,
         "vocab": True,

@@ -46,3 +46,19 @@ def test_wrong_encoding_is_named(tmp_path):
     with pytest.raises(DssmError, match="--encoding"):
         read_judgments(path, SPEC)
     assert read_judgments(path, JudgedSetSpec("q", "t", "l", "latin-1"))[0].title == "café"
+
+
+def test_a_damaged_zip_is_named_as_such_not_as_a_bad_label(tmp_path):
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    good = tmp_path / "j.zip"
+    with zipfile.ZipFile(good, "w", zipfile.ZIP_DEFLATED) as z:
+        z.write(DEFAULT_CATALOGUE, "train.csv")
+    raw = bytearray(good.read_bytes())
+    for i in range(2000, 2040):
+        raw[i] ^= 0x55
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(DssmError, match="the zip is damaged"):
+        read_judgments(bad)
+    assert len(read_judgments(good)) > 1000

@@ -76,7 +76,7 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
 
         registered = wait_until("deployment registered", deployment, 120, serve, log)
         assert [s["schedule"]["cron"] for s in registered["schedules"] if s["active"]] == ["* * * * *"]
-        assert registered["parameters"]["workdir"] == str(work)
+        assert registered["parameters"]["config"]["workdir"] == str(work)  # one parameter, the run config
 
         def finished_run():
             runs = post(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [registered["id"]]}}})
@@ -85,7 +85,7 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
             return next((r for r in runs if r["state_type"] == "COMPLETED"), None)
 
         run = wait_until("a scheduled run completed", finished_run, 420, serve, log)
-        assert run["auto_scheduled"] and run["parameters"]["workdir"] == str(work)
+        assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
 
         report = json.loads((work / "report.json").read_text())
         assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {"bm25", "lstm"}
@@ -113,6 +113,16 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         runs = client.search_runs([experiment.experiment_id])
         assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm"]
         assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
+
+        # A cluster that loses its workers: the job waiting for executors fails within the bound, saying why.
+        os.killpg(state["services"]["spark-worker"]["pid"], signal.SIGKILL)
+        started = time.monotonic()
+        clean = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(pipeline["simulate"])]
+        clean += ["--out", str(tmp_path / "lost"), "--master", state["urls"]["spark"]]
+        lost_env = {**os.environ, "DSSM_SPARK_NO_EXECUTOR_TIMEOUT": "10"}
+        proc = subprocess.run(clean, env=lost_env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 2 and "has had no executors for 10s" in proc.stderr, proc.stderr[-2000:]
+        assert time.monotonic() - started < 120 and not (tmp_path / "lost").exists()
     finally:
         if serve is not None:
             os.killpg(serve.pid, signal.SIGINT)

@@ -149,6 +149,9 @@ def test_bad_input_gives_a_clear_error_and_no_checkpoint(tiny_data, tmp_path, ca
     manifest = json.loads((broken / "negatives" / "manifest.json").read_text())
     write_manifest(broken / "negatives", {k: manifest[k] for k in ("stage", "inputs", "params")})
     fails("fewer than 4 rows", broken)
+    shard.write_bytes(b"garbage, not parquet")
+    write_manifest(broken / "negatives", {k: manifest[k] for k in ("stage", "inputs", "params")})
+    fails("part-00002.parquet: not a readable Parquet file", broken)
 
     fails("multiple of the 4 train shards", tiny_data, "data.batch_size=10")
     fails("non-finite loss", tiny_data, "optim.lr=1e30", "optim.clip_norm=1e38", "optim.name=adam", "loss.gamma=1e30")
