@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.layout import Layout
 from evaluation.protocol import CUTOFFS, ndcg, paired_test
 
 HOME_DEPOT = Path(__file__).resolve().parents[2] / "shared/data/homedepot-search-relevance/train.csv.zip"
@@ -96,8 +97,8 @@ def main() -> None:
     out = work / ("dev-eval" if args.dev else "eval")
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
-        evaluate += ["--dev", str(work / "negatives"), "--no-register"]
-    dssm(*evaluate, *[a for e in encoders for a in ("--model", str(work / "train" / e))])
+        evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
+    dssm(*evaluate, *[a for e in encoders for a in ("--model", str(Layout(work).train(e)))])
     print((out / "report.md").read_text())
     for other in encoders[1:]:  # the first encoder (the LSTM-RNN) against the other trained models
         print(compare(out, encoders[0], other))

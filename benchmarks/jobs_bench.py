@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from core.layout import Layout
+
 ROOT = Path(__file__).resolve().parents[1]
 HOME_DEPOT = ROOT.parent / "shared" / "data" / "homedepot-search-relevance" / "train.csv.zip"
 
@@ -71,10 +73,10 @@ def main() -> None:
         judged = ["--judgments", str(args.judgments)] if args.judgments else []
         row = {"impressions": size}
         for stage, stage_args in [
-            ("simulate", ["simulate", "--out", str(work / "simulate"), "--impressions", str(size), *judged]),
-            ("clean", ["clean", "--input", str(work / "simulate"), "--out", str(work / "clean")]),
-            ("vocab", ["vocab", "--clean", str(work / "clean"), "--out", str(work / "vocab")]),
-            ("negatives", ["negatives", "--clean", str(work / "clean"), "--out", str(work / "negatives")]),
+            ("simulate", ["simulate", "--out", str(Layout(work).simulate), "--impressions", str(size), *judged]),
+            ("clean", ["clean", "--input", str(Layout(work).simulate), "--out", str(Layout(work).clean)]),
+            ("vocab", ["vocab", "--clean", str(Layout(work).clean), "--out", str(Layout(work).vocab)]),
+            ("negatives", ["negatives", "--clean", str(Layout(work).clean), "--out", str(Layout(work).negatives)]),
         ]:
             extra = ["--master", "local[2]", "--force"] if stage != "simulate" else ["--force"]
             seconds, peak = run_measured([*stage_args, *extra])

@@ -20,6 +20,8 @@ from pathlib import Path
 from homedepot_table4 import CHOSEN, HOME_DEPOT, compare, dssm
 from paraphrase_sts import COMMON, WIKI_AUTO, dataset_tags
 
+from core.layout import Layout
+
 # later keys win
 PRETRAIN = [*COMMON, *dataset_tags(WIKI_AUTO), "model.ncell=96", "model.encoder=lstm", "data.word_dropout=0.3"]
 
@@ -30,24 +32,25 @@ def main() -> None:
     p.add_argument("--hd-workdir", type=Path, default=Path("bench-work/hd"))
     args = p.parse_args()
     para, hd = args.para_workdir, args.hd_workdir
-    scratch = hd / "train" / "lstm"
+    scratch = Layout(hd).train("lstm")
     if not HOME_DEPOT.exists() or not WIKI_AUTO.exists():
         sys.exit("this benchmark needs ../shared/data (see README)")
     if not (scratch / "last.pt").exists():
         sys.exit(f"{scratch}: no scratch LSTM-RNN; run `make table4` first")
-    dssm("paraphrase", "--input", str(WIKI_AUTO), "--out", str(para / "clean"))
-    dssm("vocab", "--clean", str(para / "clean"), "--out", str(para / "vocab"))
-    dssm("negatives", "--clean", str(para / "clean"), "--out", str(para / "negatives"), "-n", "0", "--shards", "2")
-    pretrained = para / "train" / "lstm96"
+    dssm("paraphrase", "--input", str(WIKI_AUTO), "--out", str(Layout(para).clean))
+    dssm("vocab", "--clean", str(Layout(para).clean), "--out", str(Layout(para).vocab))
+    layout = Layout(para)
+    dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives), "-n", "0", "--shards", "2")
+    pretrained = Layout(para).train("lstm96")
     if not (pretrained / "last.pt").exists():
         dssm("train", "--workdir", str(para), "--objective", "paraphrase", *PRETRAIN, f"out={pretrained}")
-    warm = hd / "train" / "lstm-para"
+    warm = Layout(hd).train("lstm-para")
     if not (warm / "last.pt").exists():
         overrides = ["model.encoder=lstm", *CHOSEN, f"init_from={pretrained}", f"out={warm}", "run_name=lstm-para"]
         dssm("train", "--workdir", str(hd), *overrides)
     models = ["--model", str(scratch), "--model", str(warm)]
     common = ["evaluate", "--judgments", str(HOME_DEPOT), "--baselines", "bm25", "--no-register", *models]
-    dssm(*common, "--dev", str(hd / "negatives"), "--out", str(hd / "pretrain-dev"))
+    dssm(*common, "--dev", str(Layout(hd).negatives), "--out", str(hd / "pretrain-dev"))
     dssm(*common, "--out", str(hd / "pretrain-test"))
     for split in ("dev", "test"):
         report = hd / f"pretrain-{split}"

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from homedepot_table4 import dssm  # the benchmarks' one way to run a dssm command
 
+from core.layout import Layout
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 WIKI_AUTO = SHARED / "wikiauto-gem2021-valid" / "valid.tsv.gz"
 CLICK_LSTM = Path("bench-work/hd/train/lstm")
@@ -68,13 +70,14 @@ def main() -> None:
         sys.exit(f"{args.pairs} not found: this benchmark needs ../shared/data (see README)")
     work = args.workdir
     scored = ["--min-score", args.min_score] if args.min_score else []
-    dssm("paraphrase", "--input", str(args.pairs), "--format", args.format, *scored, "--out", str(work / "clean"))
-    dssm("vocab", "--clean", str(work / "clean"), "--out", str(work / "vocab"))
-    dssm("negatives", "--clean", str(work / "clean"), "--out", str(work / "negatives"), "-n", "0", "--shards", "2")
+    dssm("paraphrase", "--input", str(args.pairs), "--format", args.format, *scored, "--out", str(Layout(work).clean))
+    dssm("vocab", "--clean", str(Layout(work).clean), "--out", str(Layout(work).vocab))
+    layout = Layout(work)
+    dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives), "-n", "0", "--shards", "2")
     common = [*COMMON, *dataset_tags(args.pairs)]
     models = []
     for name in args.configs.split(","):
-        out = work / "train" / name
+        out = Layout(work).train(name)
         if not (out / "last.pt").exists():
             overrides = [*common, *CONFIGS[name], *args.set, f"out={out}"]
             dssm("train", "--workdir", str(work), "--objective", "paraphrase", *overrides)

@@ -23,6 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.layout import Layout
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (label, encoder, overrides)
@@ -48,7 +50,7 @@ def padded_vocab(workdir: Path, size: int, dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     (dest / "trigrams").mkdir(parents=True)
-    table = pq.read_table(workdir / "vocab" / "trigrams").sort_by("id")
+    table = pq.read_table(Layout(workdir).vocab / "trigrams").sort_by("id")
     extra = max(0, size - table.num_rows)
     pad = pa.table(
         {
@@ -59,7 +61,7 @@ def padded_vocab(workdir: Path, size: int, dest: Path) -> Path:
         schema=table.schema,
     )
     pq.write_table(pa.concat_tables([table, pad]), dest / "trigrams" / "part-00000.parquet")
-    manifest = read_manifest(workdir / "vocab")
+    manifest = read_manifest(Layout(workdir).vocab)
     write_manifest(dest, {k: manifest[k] for k in ("stage", "inputs", "params")})
     return dest
 
@@ -138,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = ROOT / "bench-work" / "train-bench"
     scratch.mkdir(parents=True, exist_ok=True)
-    vocab = padded_vocab(args.workdir, args.vocab_size, scratch / "vocab")
+    vocab = padded_vocab(args.workdir, args.vocab_size, Layout(scratch).vocab)
     results = []
     for label in args.configs:
         for nproc in args.nproc:

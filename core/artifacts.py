@@ -166,9 +166,7 @@ def require_manifest(output: Path, stage: str) -> dict[str, Any]:
     """The manifest of a finished, intact upstream output, or a clear error naming what to run."""
     manifest = read_manifest(output)
     if manifest is None:
-        raise DssmError(
-            f"{output}: no `dssm {stage}` output here (no readable {MANIFEST}); run `dssm {stage}` first"
-        )
+        raise DssmError(f"{output}: no `dssm {stage}` output here (no readable {MANIFEST}); run `dssm {stage}` first")
     if manifest.get("stage") != stage:
         raise DssmError(f"{output}: expected a `dssm {stage}` output, found {manifest.get('stage')!r}")
     problem = damage(output, manifest)

@@ -150,6 +150,7 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
 
     client = mlflow.MlflowClient(uri)
     try:
+
         def build(tmp: Path) -> dict[str, Any]:
             (tmp / "sts.json").write_text(json.dumps(report, indent=2) + "\n")
             (tmp / "sts.md").write_text(markdown(results))

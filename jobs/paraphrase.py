@@ -74,9 +74,7 @@ def paraphrase(
         lines_read = sum(counts.values())
         kept_n = counts.pop("kept", 0)
         if kept_n == 0:
-            raise DssmError(
-                f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})"
-            )
+            raise DssmError(f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})")
         kept = parsed.where(F.col("reason") == "kept")
         pairs = kept.groupBy(F.col("s1").alias("query"), F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
         pairs = pairs.withColumn("impressions", F.col("clicks"))

@@ -153,10 +153,17 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
-    device = pick_device(cfg, d.local_rank)
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
-    out = Path(cfg.out)
+@dataclass
+class Inputs:
+    """What a training run reads, checked: the negatives, the vocabulary, and the code behind them."""
+
+    negatives: Path
+    negatives_manifest: dict[str, Any]
+    vocab: Vocab
+    code: str  # lineage of modeling/train.py's fingerprint with the negatives' and vocabulary's code
+
+
+def load_inputs(cfg: TrainConfig) -> Inputs:
     negatives = Path(cfg.data.negatives)
     neg_manifest = require_manifest(negatives, "negatives")
     vocab_manifest = require_manifest(Path(cfg.data.vocab), "vocab")
@@ -166,25 +173,64 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         raise DssmError(
             f"{cfg.data.vocab} and {negatives} were built from different `dssm clean` outputs; rebuild one of them"
         )
+    code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
+    return Inputs(negatives, neg_manifest, vocab, code)
 
-    tokenizer = Tokenizer(vocab, cfg.model.max_words)
+
+def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, device, d: Dist):
+    """Model, optimiser, the step-0 embedding tables (for loss.l2_embeddings) and the step to start at."""
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = TwoTower(vocab.size, cfg.model).to(device)
+    optimizer = build_optimizer(model, cfg.optim)
+    # A resumed run rebuilds its step-0 weights too when loss.l2_embeddings pulls toward them.
+    if cfg.init_from and (state is None or cfg.loss.l2_embeddings > 0):
+        copied = warm_start(model, vocab, cfg.init_from)
+        if d.main and state is None:
+            log.info("init_from %s: %d tensors and %d embedding rows copied", cfg.init_from, *copied.values())
+    initial = {n: p.detach().clone() for n, p in embedding_tables(model).items()} if cfg.loss.l2_embeddings else {}
+    if state is None:
+        return model, optimizer, initial, 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return model, optimizer, initial, state["step"]
+
+
+def checkpoint_state(cfg: TrainConfig, inputs: Inputs, model, optimizer, step: int, total: int, val, run_id) -> dict:
+    """Everything a checkpoint holds: self-contained, loadable without the work dir."""
+    vocab = inputs.vocab
+    return {
+        "config": cfg.to_dict(),
+        "vocab": {
+            "tokens": vocab.tokens,
+            "sha256": vocab.sha256,
+            "clean_sha256": vocab.clean_sha256,
+            "kind": vocab.kind,
+        },
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "total_steps": total,
+        "valid_loss": val,
+        "dataset_sha256": inputs.negatives_manifest["content_sha256"],
+        "code_sha256": inputs.code,
+        "mlflow_run_id": run_id,
+    }
+
+
+def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
+    device = pick_device(cfg, d.local_rank)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
+    out = Path(cfg.out)
+    inputs = load_inputs(cfg)
+    tokenizer = Tokenizer(inputs.vocab, cfg.model.max_words)
+    n = int(inputs.negatives_manifest["params"]["n"])
     batches = ClickBatches(
-        train_files(negatives),
-        d.rank,
-        d.world,
-        cfg.data,
-        tokenizer,
-        int(neg_manifest["params"]["n"]),
-        cfg.seed,
-        cfg.loss.pair_weight,
+        train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed, cfg.loss.pair_weight
     )
     steps_per_epoch = batches.steps_per_epoch
-    total = cfg.epochs * steps_per_epoch
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
+    total = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
 
-    code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
-    start = decide(cfg, neg_manifest, vocab, code, total, on_change)
+    start = decide(cfg, inputs.negatives_manifest, inputs.vocab, inputs.code, total, on_change)
     if d.world > 1:
         dist.barrier()  # every rank has read the run directory before rank 0 may delete it
     if start.restart and d.main:
@@ -204,60 +250,24 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
             "skipped": True,
         }
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = TwoTower(vocab.size, cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg.optim)
-    step = 0
-    # A resumed run rebuilds its step-0 weights too when loss.l2_embeddings pulls toward them.
-    if cfg.init_from and (state is None or cfg.loss.l2_embeddings > 0):
-        copied = warm_start(model, vocab, cfg.init_from)
-        if d.main and state is None:
-            log.info("init_from %s: %d tensors and %d embedding rows copied", cfg.init_from, *copied.values())
-    initial = {n: p.detach().clone() for n, p in embedding_tables(model).items()} if cfg.loss.l2_embeddings else {}
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step = state["step"]
+    model, optimizer, initial, step = build_model(cfg, inputs.vocab, state, device, d)
     ddp = DistributedDataParallel(model) if d.world > 1 else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-
     tags = {
-        "dataset_sha256": neg_manifest["content_sha256"],
-        "vocab_sha256": vocab.sha256,
+        "dataset_sha256": inputs.negatives_manifest["content_sha256"],
+        "vocab_sha256": inputs.vocab.sha256,
         "system": cfg.model.encoder,
         "world_size": str(d.world),
         "device": device.type,
-        "code_version": code[:16],
-    }
-    if cfg.dataset:
-        tags["dataset"] = cfg.dataset
+        "code_version": inputs.code[:16],
+    } | ({"dataset": cfg.dataset} if cfg.dataset else {})
     tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags)
-    valid = validation_rows(negatives, cfg.data.max_valid_rows) if d.main else []
+    valid = validation_rows(inputs.negatives, cfg.data.max_valid_rows) if d.main else []
 
-    def checkpoint(val: float | None) -> None:
+    def checkpoint(val: float | None) -> None:  # rank 0 writes, every rank waits for it
         if d.main:
-            save_checkpoint(
-                out,
-                {
-                    "config": cfg.to_dict(),
-                    "vocab": {
-                        "tokens": vocab.tokens,
-                        "sha256": vocab.sha256,
-                        "clean_sha256": vocab.clean_sha256,
-                        "kind": vocab.kind,
-                    },
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step,
-                    "total_steps": total,
-                    "valid_loss": val,
-                    "dataset_sha256": neg_manifest["content_sha256"],
-                    "code_sha256": code,
-                    "mlflow_run_id": tracker.run_id,
-                },
-                step,
-                cfg.keep_checkpoints,
-            )
+            state = checkpoint_state(cfg, inputs, model, optimizer, step, total, val, tracker.run_id)
+            save_checkpoint(out, state, step, cfg.keep_checkpoints)
         if d.world > 1:
             dist.barrier()
 
@@ -271,13 +281,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         log.info(
             "training %s: %d steps (%d per epoch), global batch %d over %d process(es) on %s; out %s",
-            cfg.model.encoder,
-            total,
-            steps_per_epoch,
-            cfg.data.batch_size,
-            d.world,
-            device,
-            out,
+            *(cfg.model.encoder, total, steps_per_epoch, cfg.data.batch_size, d.world, device, out),
         )
         if step:
             log.info("resuming from step %d (checkpoint %s)", step, start.path)
@@ -317,8 +321,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == total:
                     train_loss = mean_over_ranks(window_loss / window_steps, d)
-                    elapsed = time.perf_counter() - window_start
-                    rate = window_steps * cfg.data.batch_size / elapsed
+                    rate = window_steps * cfg.data.batch_size / (time.perf_counter() - window_start)
                     values = {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}
                     if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
                         values["regulariser"] = float(penalty.detach())
@@ -337,7 +340,10 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         bar.close()
         tracker.close(status)
     seconds = time.perf_counter() - started
-    summary = {
+    if d.main:
+        shown = "n/a" if val is None else f"{val:.4f}"
+        log.info("finished %d steps; validation loss %s; checkpoint %s", step, shown, out / LAST)
+    return {
         "steps": step,
         "valid_loss": val,
         "examples_per_s": (step - first_step) * cfg.data.batch_size / seconds if step > first_step else None,
@@ -345,14 +351,6 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         "mlflow_run_id": tracker.run_id,
         "skipped": False,
     }
-    if d.main:
-        log.info(
-            "finished %d steps; validation loss %s; checkpoint %s",
-            step,
-            "n/a" if val is None else f"{val:.4f}",
-            out / LAST,
-        )
-    return summary
 
 
 @dataclass
@@ -365,9 +363,7 @@ class Start:
     path: Path | None = None  # the checkpoint resumed or found finished
 
 
-def decide(
-    cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str, total: int, on_change: str
-) -> Start:
+def decide(cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str, total: int, on_change: str) -> Start:
     """The one place that decides fresh / resume / finished / stale for the run directory cfg.out.
 
     A checkpoint of other negatives, another vocabulary or another model config can never be
