@@ -1,0 +1,121 @@
+"""Dev-split ablations on Home Depot: seed means and spreads of config variants of one encoder.
+
+    .venv/bin/python benchmarks/homedepot_ablation.py \\
+        --variant separate= --variant shared=model.shared_towers=true --seeds 1,2,3
+
+1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
+2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
+   same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=;
+3. one `dssm evaluate --dev` scores every model on the validation queries (train queries whose clicks
+   were held out of training: never the test queries) and the script prints, per variant, the mean
+   and standard deviation over seeds of NDCG@1/3/10, and each variant against the first (the mean of
+   the per-seed differences, and a paired t-test over queries on the seed-averaged NDCG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, per_query_ndcg
+
+from core.layout import Layout
+from evaluation.protocol import CUTOFFS, paired_test
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    name, _, overrides = text.partition("=")
+    return name, [o for o in overrides.split(";") if o]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
+    p.add_argument("--workdir", type=Path, default=Path("bench-work/hd"))
+    p.add_argument("--impressions", type=int, default=1_000_000)
+    p.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        required=True,
+        metavar="NAME=KEY=VALUE;KEY=VALUE",
+        help="a config variant (repeatable); the first is the reference",
+    )
+    p.add_argument("--seeds", default="1,2,3", help="training seeds (default: %(default)s)")
+    p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
+    args = p.parse_args()
+    if not args.judgments.exists():
+        sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
+
+    layout = Layout(args.workdir)
+    # the data stages of `dssm run` (same jobs, same settings: the same outputs), each skipped when up to date
+    judged = ["--judgments", str(args.judgments)]
+    dssm("simulate", *judged, "--out", str(layout.simulate), "--impressions", str(args.impressions))
+    dssm("clean", "--input", str(layout.simulate), "--out", str(layout.clean))
+    dssm("vocab", "--clean", str(layout.clean), "--out", str(layout.vocab))
+    dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs: dict[str, list[Path]] = {}
+    for name, overrides in args.variant:
+        for seed in seeds:
+            out = layout.train(f"ablation-{name}-s{seed}")
+            runs.setdefault(name, []).append(out)
+            if not (out / "last.pt").exists():
+                dssm("train", "--workdir", str(layout.workdir), *args.train, *overrides, f"seed={seed}", f"out={out}")
+    report = layout.workdir / "ablation-dev"
+    models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
+    evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(report), "--baselines", "bm25"]
+    dssm(*evaluate, "--dev", str(layout.negatives), "--no-register", *models)
+    systems = json.loads((report / "report.json").read_text())["systems"]
+
+    print(f"\ndev split ({layout.negatives}), seeds {args.seeds}; NDCG × 100, mean ± sd over seeds\n")
+    print("| variant | overrides | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
+    print("|---|---|" + "---|" * len(CUTOFFS))
+    bm25 = " | ".join(f"{systems['bm25'][f'ndcg@{k}']:.2f}" for k in CUTOFFS)
+    print(f"| bm25 | | {bm25} |")
+    names = system_names(runs)
+    for name, overrides in args.variant:
+        cells = []
+        for k in CUTOFFS:
+            values = np.array([systems[s][f"ndcg@{k}"] for s in names[name]])
+            cells.append(f"{values.mean():.2f} ± {values.std(ddof=1) if len(values) > 1 else 0:.2f}")
+        print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
+    reference = args.variant[0][0]
+    for name, _ in args.variant[1:]:
+        cells = []
+        for k in CUTOFFS:
+            mean = {v: _seed_mean(report, names[v], k) for v in (reference, name)}
+            queries = sorted(mean[reference])
+            a = np.array([mean[reference][q] for q in queries])
+            b = np.array([mean[name][q] for q in queries])
+            cells.append(f"NDCG@{k} {100 * (b.mean() - a.mean()):+.2f} (p={paired_test(b, a):.3f})")
+        print(f"{name} − {reference}: " + ", ".join(cells))
+
+
+def system_names(runs: dict[str, list[Path]]) -> dict[str, list[str]]:
+    """The names `dssm evaluate` gives the models (evaluation.systems.unique_names): the first model of
+    an encoder is named after the encoder, the others after their run directories."""
+    from modeling.checkpoint import read_checkpoint
+
+    seen: set[str] = set()
+    names: dict[str, list[str]] = {}
+    for variant, outs in runs.items():
+        for out in outs:
+            encoder = read_checkpoint(out)["config"]["model"]["encoder"]
+            name = out.name if encoder in seen else encoder
+            seen.add(name)
+            names.setdefault(variant, []).append(name)
+    return names
+
+
+def _seed_mean(report: Path, systems: list[str], k: int) -> dict[str, float]:
+    """Per query, the NDCG@k averaged over the seeds' models."""
+    per_seed = [per_query_ndcg(report, s, k) for s in systems]
+    return {q: float(np.mean([run[q] for run in per_seed])) for q in per_seed[0]}
+
+
+if __name__ == "__main__":
+    main()
