@@ -129,7 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
-        "-n", type=int, default=d.n, help="negatives per pair; 0 for objective=paraphrase (default: %(default)s)"
+        "-n",
+        type=int,
+        default=d.n,
+        help="negatives per pair; 0 for `dssm train --objective paraphrase` (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction, help="(default: %(default)s)")
