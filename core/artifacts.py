@@ -111,7 +111,16 @@ def code_modules(root: str) -> tuple[str, ...]:
 def module_sha256(module: str) -> str:
     """The hash of one module's source file (a seam for tests that pretend an edit)."""
     path = _source(module)
-    return sha256_file(path) if path else ""
+    if path is None:
+        return ""
+    st = path.stat()
+    return _source_sha256(path, st.st_mtime_ns, st.st_size)
+
+
+@cache
+def _source_sha256(path: Path, mtime_ns: int, size: int) -> str:
+    """Hashed once per version of a file: every stage and MLflow tag of a run asks again."""
+    return sha256_file(path)
 
 
 def code_fingerprint(root: str) -> str:
@@ -155,10 +164,12 @@ def damage(output: Path, manifest: dict[str, Any]) -> str | None:
     A check of names and sizes only: cheap enough for every up-to-date decision."""
     for name, size in (manifest.get("files") or {}).items():
         path = Path(output) / name
-        if not path.is_file():
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
             return f"{path} is missing"
-        if path.stat().st_size != size:
-            return f"{path} has {path.stat().st_size} bytes, the manifest says {size}"
+        if actual != size:
+            return f"{path} has {actual} bytes, the manifest says {size}"
     return None
 
 

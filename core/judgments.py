@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from core.artifacts import sha256_file
 from core.errors import DssmError
 
 
@@ -156,8 +157,6 @@ def resolve_judged_set(
     default_name: str = "default-catalogue",
 ) -> JudgedSet:
     """The judged set at `path` (None or "": `default`, named `default_name`), hashed once."""
-    from core.artifacts import sha256_file
-
     if not path and default is None:
         raise DssmError("no judged set given")
     chosen = Path(path) if path else Path(default)

@@ -89,15 +89,8 @@ def load_run_config(
     return cfg
 
 
-def _number(text: str) -> int:
-    return int(text.replace("_", ""))
-
-
-def _names(text: str) -> list[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
-
-
-# The flags of `dssm run`/`dssm schedule`: shorthands for config keys, applied only when given.
+# The flags of `dssm run`/`dssm schedule`: shorthands for config keys, applied only when given. Their
+# values stay text: the config loader converts them by the key's type (10_000, lstm,rnn), as for KEY=VALUE.
 _FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
     (("--workdir",), "workdir", {}, "where stage outputs go"),
     (("--logs",), "logs", {}, "raw click logs to ingest instead of simulating (file, dir or glob)"),
@@ -106,16 +99,16 @@ _FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
     (("--title-col",), "judgments.spec.title_col", {}, "title column of the judged set"),
     (("--label-col",), "judgments.spec.label_col", {}, "label column of the judged set"),
     (("--encoding",), "judgments.spec.encoding", {}, "the judged set's encoding"),
-    (("--impressions",), "simulate.impressions", {"type": _number}, "impressions to simulate, e.g. 1_000_000"),
-    (("--seed",), "simulate.seed", {"type": int}, "simulation seed"),
-    (("--shards",), "simulate.shards", {"type": int}, "simulated log files (0: one per 250k impressions)"),
-    (("--workers",), "simulate.workers", {"type": int}, "simulation processes (0: CPUs)"),
-    (("-n",), "negatives.n", {"type": int}, "negatives per pair"),
-    (("--models",), "train.models", {"type": _names}, "encoders trained side by side, e.g. lstm,rnn,dssm"),
-    (("--epochs",), "train.epochs", {"type": int}, "training epochs (0: the training config's)"),
+    (("--impressions",), "simulate.impressions", {}, "impressions to simulate, e.g. 1_000_000"),
+    (("--seed",), "simulate.seed", {}, "simulation seed"),
+    (("--shards",), "simulate.shards", {}, "simulated log files (0: one per 250k impressions)"),
+    (("--workers",), "simulate.workers", {}, "simulation processes (0: CPUs)"),
+    (("-n",), "negatives.n", {}, "negatives per pair"),
+    (("--models",), "train.models", {}, "encoders trained side by side, e.g. lstm,rnn,dssm"),
+    (("--epochs",), "train.epochs", {}, "training epochs (0: the training config's)"),
     (("--train",), "train.overrides", {"nargs": "+", "metavar": "KEY=VALUE"}, "training config overrides"),
-    (("--nproc",), "train.nproc", {"type": int}, "training processes under torchrun (0: one per GPU, else 1)"),
-    (("--baselines",), "evaluate.baselines", {"type": _names}, "baselines beside the model (bm25,doc2vec,ulm,..)"),
+    (("--nproc",), "train.nproc", {}, "training processes under torchrun (0: one per GPU, else 1)"),
+    (("--baselines",), "evaluate.baselines", {}, "baselines beside the model (bm25,doc2vec,ulm,..)"),
     (("--mlflow-uri",), "mlflow_uri", {}, "MLflow tracking URI (empty: $MLFLOW_TRACKING_URI, else WORKDIR/mlflow.db)"),
     (("--master",), "spark_master", {}, "Spark master URL (default: $DSSM_SPARK_MASTER, else local[*])"),
 ]

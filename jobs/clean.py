@@ -298,15 +298,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm clean`."""
+    from core.config import from_args
     from jobs.spark import LazySpark
 
-    cfg = CleanConfig(
-        bot_max_per_minute=args.bot_max_per_minute,
-        bot_min_impressions=args.bot_min_impressions,
-        bot_min_click_rate=args.bot_min_click_rate,
-        max_malformed_rate=args.max_malformed_rate,
-    )
-    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, cfg, force=args.force)
+    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, from_args(CleanConfig, args), args.force)
     c = m["counts"]
     print(
         f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "

@@ -142,9 +142,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm negatives`."""
+    from core.config import from_args
     from jobs.spark import LazySpark
 
-    cfg = NegativesConfig(n=args.n, seed=args.seed, valid_fraction=args.valid_fraction, shards=args.shards)
+    cfg = from_args(NegativesConfig, args)
     m = negatives(LazySpark(args.master, "dssm-negatives"), args.clean, args.out, cfg, force=args.force)
     c = m["counts"]
     print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")

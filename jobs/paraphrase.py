@@ -124,6 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
         "--format",
+        dest="fmt",
         choices=list(FORMATS),
         default="pairs",
         help="pairs: s1<TAB>s2; sts: score, s1, s2; stsb: STS Benchmark; sick: SICK (default: %(default)s)",
@@ -134,9 +135,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm paraphrase`."""
+    from core.config import from_args
     from jobs.spark import LazySpark
 
-    cfg = ParaphraseConfig(args.format, args.min_score)
+    cfg = from_args(ParaphraseConfig, args)
     m = paraphrase(LazySpark(args.master, "dssm-paraphrase"), args.input, args.out, cfg, force=args.force)
     c = m["counts"]
     print(

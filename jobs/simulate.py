@@ -427,7 +427,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulation")
     g.add_argument(
         "--impressions",
-        type=lambda s: int(s.replace("_", "")),
+        type=lambda s: int(s.replace("_", "")),  # 10_000_000
         default=d.impressions,
         help="impressions to simulate, e.g. 10_000_000 (default: %(default)s)",
     )
@@ -441,11 +441,12 @@ def command(args: argparse.Namespace) -> None:
     """`dssm simulate`."""
     from tqdm import tqdm
 
+    from core.config import from_args
     from core.judgments import resolve_judged_set, spec_from_args
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
-    cfg = SimulationConfig(args.impressions, args.seed, args.shards, args.workers, args.gzip)
+    cfg = from_args(SimulationConfig, args)
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
         m = simulate(judged.pairs(), args.out, cfg, judged.describe(), progress=bar.update, force=args.force)
     c = m["counts"]

@@ -54,9 +54,11 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
         return active
     # Python UDFs (the raw-log parser) must run in this interpreter, with its packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(resolve_master(master)).appName(app)
+    master = resolve_master(master)
+    local = master.startswith("local")
+    builder = SparkSession.builder.master(master).appName(app)
     settings = dict(DEFAULT_CONF)
-    if resolve_master(master).startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
+    if local and "SPARK_LOCAL_IP" not in os.environ:
         # A local job's driver listens on loopback only, not on the machine's external interface.
         settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
     settings |= conf or {}
@@ -67,13 +69,11 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     try:
         spark = builder.getOrCreate()
     except Exception as e:  # py4j/JVM start-up failures arrive as many exception types
-        raise TransientError(
-            f"could not start Spark with master {resolve_master(master)!r}: {str(e).splitlines()[0]}"
-        ) from None
+        raise TransientError(f"could not start Spark with master {master!r}: {str(e).splitlines()[0]}") from None
     spark.sparkContext.setLogLevel("ERROR")
-    if not resolve_master(master).startswith("local"):
+    if not local:
         global _watch
-        _watch = ClusterWatch(spark, resolve_master(master), float(os.environ.get(NO_EXECUTOR_TIMEOUT_ENV, "120")))
+        _watch = ClusterWatch(spark, master, float(os.environ.get(NO_EXECUTOR_TIMEOUT_ENV, "120")))
         _watch.start()
     return spark
 

@@ -143,9 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm vocab`."""
+    from core.config import from_args
     from jobs.spark import LazySpark
 
-    cfg = VocabConfig(args.min_count, args.max_size, args.word_min_count, args.word_max_size)
-    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, cfg, force=args.force)
+    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, from_args(VocabConfig, args), args.force)
     c = m["counts"]
     print(f"{c['trigrams']['size']:,} trigrams, {c['words']['size']:,} words -> {args.out}")

@@ -230,7 +230,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     steps_per_epoch = batches.steps_per_epoch
     total = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
 
-    start = decide(cfg, inputs.negatives_manifest, inputs.vocab, inputs.code, total, on_change)
+    start = decide(cfg, inputs.negatives_manifest, inputs.vocab, inputs.code, total, on_change, d.main)
     if d.world > 1:
         dist.barrier()  # every rank has read the run directory before rank 0 may delete it
     if start.restart and d.main:
@@ -363,7 +363,15 @@ class Start:
     path: Path | None = None  # the checkpoint resumed or found finished
 
 
-def decide(cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str, total: int, on_change: str) -> Start:
+def decide(
+    cfg: TrainConfig,
+    negatives: dict[str, Any],
+    vocab: Vocab,
+    code: str,
+    total: int,
+    on_change: str,
+    is_main: bool = True,
+) -> Start:
     """The one place that decides fresh / resume / finished / stale for the run directory cfg.out.
 
     A checkpoint of other negatives, another vocabulary or another model config can never be
@@ -384,9 +392,8 @@ def decide(cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str,
         hard.append(f"another vocabulary than {cfg.data.vocab}")
     changes = config_changes(state["config"], cfg)
     hard += [f"model config {c}" for c in changes if c.startswith("model.")]
-    soft = [c for c in changes if not c.startswith("model.")]
-    if state.get("code_sha256") != code:
-        soft.append("other code")
+    settings = [c for c in changes if not c.startswith("model.")]  # e.g. more epochs: continued
+    soft = settings + (["other code"] if state.get("code_sha256") != code else [])
     if on_change == "restart" and (hard or soft):
         log.info("train: %s was trained with %s; training %s afresh", path, ", ".join(hard + soft), out)
         return Start("fresh", restart=True)
@@ -394,9 +401,9 @@ def decide(cfg: TrainConfig, negatives: dict[str, Any], vocab: Vocab, code: str,
         raise DssmError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another out=")
     if hard:
         raise DssmError(f"{path} was trained with {', '.join(hard)}; cannot resume (train into another out=)")
-    if soft and os.environ.get("RANK", "0") == "0":
+    if soft and is_main:
         log.info("resuming %s despite: %s", path, ", ".join(soft))
-    if state["step"] >= total and not [c for c in soft if c != "other code"]:
+    if state["step"] >= total and not settings:
         return Start("finished", state, path=path)
     return Start("resume", state, path=path)
 
