@@ -14,6 +14,7 @@ from typing import Any
 
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
+from core.text import is_test_query
 from core.tracking import default_tracking_uri, experiment_id
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
@@ -32,6 +33,7 @@ class EvaluateConfig:
     dataset: str | None = None  # default: the judged set's name
     all_queries: bool = False
     dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
+    hybrid_dev: Path | None = None  # a `dssm negatives` output: add MODEL+bm25, weight fit on its validation queries
     relevant_at: float | None = None
     min_label: float | None = None
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
@@ -60,7 +62,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         trained = [load_trained(m) for m in cfg.models]
         unique_names(trained)
         wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
-        systems = [*(build_timed(b, pairs, cfg.baseline_params) for b in wanted), *trained]
+        baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
+        systems = [*baselines, *trained]
+        if cfg.hybrid_dev is not None:
+            systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev)
         queries, titles = eval_set.pairs()
         results: list[SystemResult] = []
         for system in systems:
@@ -99,10 +104,13 @@ def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], d
         path = Path(m) / "last.pt" if Path(m).is_dir() else Path(m)
         # an MLflow URI stands for itself
         inputs[f"model:{m}"] = {"path": str(m), "sha256": sha256_file(path) if path.is_file() else m}
-    if cfg.dev:
-        dev_hash = (read_manifest(Path(cfg.dev)) or {}).get("content_sha256", str(cfg.dev))
-        inputs["dev"] = {"path": str(cfg.dev), "sha256": dev_hash}
-    params = {k: str(v) for k, v in asdict(cfg).items() if k not in ("judgments", "out", "models", "force")}
+    for key in ("dev", "hybrid_dev"):
+        negatives = getattr(cfg, key)
+        if negatives:
+            dev_hash = (read_manifest(Path(negatives)) or {}).get("content_sha256", str(negatives))
+            inputs[key] = {"path": str(negatives), "sha256": dev_hash}
+    excluded = ("judgments", "out", "models", "force", "hybrid_dev")
+    params = {k: str(v) for k, v in asdict(cfg).items() if k not in excluded}
     return inputs, params | {"mlflow_uri": uri, "spec": asdict(cfg.judgments.spec)}
 
 
@@ -114,7 +122,30 @@ def dev_queries(negatives: Path) -> set[str]:
     from core.artifacts import require_manifest
 
     require_manifest(negatives, "negatives")
-    return set(pq.read_table(Path(negatives) / "valid", columns=["query"]).column("query").to_pylist())
+    queries = pq.read_table(Path(negatives) / "valid", columns=["query"]).column("query").to_pylist()
+    return {q for q in queries if not is_test_query(q)}  # real logs may hold test queries: never tune on them
+
+
+def hybrids(trained: list[System], bm25: System, pairs, judged: JudgedSet, negatives: Path) -> list[System]:
+    """Each trained two-tower model fused with BM25 (evaluation/hybrid.py), the weight fit on the
+    validation queries of `negatives`; none when the judged set has no such query."""
+    from core.errors import DssmError
+    from evaluation.hybrid import HybridScorer, fit_weight
+
+    try:
+        dev = build_eval_set(pairs, judged.name, judged.sha256, only=dev_queries(negatives), spec=judged.spec)
+    except DssmError as e:
+        log.warning("no hybrid: %s", e)
+        return []
+    out = []
+    for model in (s for s in trained if s.kind == "trained"):
+        fit = fit_weight(dev, model.scorer, bm25.scorer)
+        scorer = HybridScorer(model.scorer, bm25.scorer, fit.weight)
+        fusion = {"weight": fit.weight, "bm25": bm25.scorer.to_dict()}
+        params = model.params | fit.params()
+        tags = model.tags | {"fused_with": "bm25"}
+        out.append(System(f"{model.name}+bm25", "hybrid", scorer, params, tags, model.checkpoint, fusion))
+    return out
 
 
 def build_timed(name: str, pairs, params: BaselineParams) -> System:
@@ -182,9 +213,9 @@ def _finish_runs(
             for artifact in ("report.json", "report.md", "ndcg.png", "qrels.txt"):
                 mlflow.log_artifact(str(out / artifact))
             mlflow.log_artifact(str(out / "runs" / f"{system.name}.run"), "runs")
-            if system.kind == "trained" and system.checkpoint is not None:
+            if system.kind in ("trained", "hybrid") and system.checkpoint is not None:
                 registered = f"dssm-{eval_set.name}" if cfg.register else None
-                model_uri, version = log_model(system.checkpoint, registered)
+                model_uri, version = log_model(system.checkpoint, registered, system.fusion)
                 mlflow.set_tag("model_uri", model_uri)
                 if version is not None:
                     ndcg10 = report["systems"][system.name]["ndcg@10"]
@@ -246,6 +277,13 @@ def add_arguments(p) -> None:
         metavar="NEGATIVES_DIR",
         help="evaluate on the validation queries of this `dssm negatives` output instead (for tuning)",
     )
+    p.add_argument(
+        "--hybrid-dev",
+        type=Path,
+        metavar="NEGATIVES_DIR",
+        help="also evaluate each model fused with BM25 (MODEL+bm25), the fusion weight fit on the validation "
+        "queries of this `dssm negatives` output; registered and gated like the model",
+    )
     p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
     p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
     p.add_argument("--relevant-at", type=float, help="label threshold for MRR/MAP (default: 3/4 up the scale)")
@@ -275,6 +313,7 @@ def config_from_args(args) -> EvaluateConfig:
         dataset=args.dataset,
         all_queries=args.all_queries,
         dev=args.dev,
+        hybrid_dev=args.hybrid_dev,
         relevant_at=args.relevant_at,
         min_label=args.min_label,
         mlflow_uri=args.mlflow_uri,

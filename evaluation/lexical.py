@@ -65,22 +65,39 @@ class Collection:
 
 
 class BM25:
-    """Okapi BM25 with Lucene's non-negative IDF: log(1 + (N - df + 0.5) / (df + 0.5))."""
+    """Okapi BM25 with Lucene's non-negative IDF: log(1 + (N - df + 0.5) / (df + 0.5)).
 
-    def __init__(self, collection: Collection, k1: float = 1.2, b: float = 0.75):
-        self.c, self.k1, self.b = collection, k1, b
+    A pair's score needs only the per-term IDF and the average title length, so `to_dict()` is
+    everything a saved model needs to score the same way in another process (evaluation/hybrid.py)."""
+
+    def __init__(self, idf: dict[str, float], avgdl: float, k1: float = 1.2, b: float = 0.75):
+        self.idf, self.avgdl, self.k1, self.b = idf, avgdl, k1, b
+
+    @classmethod
+    def fit(cls, collection: Collection, k1: float = 1.2, b: float = 0.75) -> BM25:
         n = collection.n_docs
-        self.idf = np.log1p((n - collection.df + 0.5) / (collection.df + 0.5))
-        self.avgdl = float(collection.lengths[:n].mean())
+        idf = np.log1p((n - collection.df + 0.5) / (collection.df + 0.5))
+        terms = sorted(collection.terms, key=collection.terms.get)
+        return cls(dict(zip(terms, idf.tolist(), strict=True)), float(collection.lengths[:n].mean()), k1, b)
+
+    def to_dict(self) -> dict:
+        return {"k1": self.k1, "b": self.b, "avgdl": self.avgdl, "idf": self.idf}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BM25:
+        return cls(d["idf"], d["avgdl"], d["k1"], d["b"])
 
     def score(self, queries: list[str], titles: list[str]) -> np.ndarray:
         out = np.zeros(len(queries))
+        docs: dict[str, tuple[Counter, float]] = {}
         for i, (q, t) in enumerate(zip(queries, titles, strict=True)):
-            d = self.c.doc(t)
-            tf, norm_len = self.c.counts[d], 1 - self.b + self.b * self.c.lengths[d] / self.avgdl
-            for term in self.c.query_terms(q):
-                f = tf.get(term, 0) if term >= 0 else 0
-                if f:
+            if t not in docs:
+                tokens = words(t)
+                docs[t] = Counter(tokens), 1 - self.b + self.b * len(tokens) / self.avgdl
+            tf, norm_len = docs[t]
+            for term in words(q):
+                f = tf.get(term, 0)
+                if f and term in self.idf:
                     out[i] += self.idf[term] * f * (self.k1 + 1) / (f + self.k1 * norm_len)
         return out
 

@@ -1,7 +1,8 @@
 """The trained model as an MLflow pyfunc model, its registration, and the champion gate.
 
 The pyfunc takes a DataFrame with `query` and `title` text columns and returns a `score` column
-(cosine of the two towers); with params {"output": "query_embedding"} or {"output":
+(cosine of the two towers; for a hybrid, that cosine plus w·BM25 with the BM25 statistics and w
+saved beside the checkpoint, evaluation/hybrid.py); with params {"output": "query_embedding"} or {"output":
 "title_embedding"} it returns an `embedding` column from the query or title tower instead.
 The gate moves the `champion` alias to a new version only when it beats the current champion's
 NDCG@10 on the same evaluation set (same judged file, same split).
@@ -9,6 +10,7 @@ NDCG@10 on the same evaluation set (same judged file, same split).
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Callable
@@ -45,6 +47,7 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
 
         self.checkpoint_path = Path(context.artifacts["checkpoint"])
         self.embedder = TwoTowerEmbedder(self.checkpoint_path)
+        self.scorer, self.name, self.kind = self.embedder, self.embedder.encoder_name, "trained"
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         output = (params or {}).get("output", "score")
@@ -56,10 +59,23 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
             raise MlflowException.invalid_parameter_value(f"output={output} needs column(s) {', '.join(missing)}")
         texts = {c: model_input[c].fillna("").astype(str).tolist() for c in needed}
         if output == "score":
-            return pd.DataFrame({"score": self.embedder.score(texts["query"], texts["title"])})
+            return pd.DataFrame({"score": self.scorer.score(texts["query"], texts["title"])})
         tower = "query" if output == "query_embedding" else "doc"
         vectors = self.embedder.embed(texts[needed[0]], tower)
         return pd.DataFrame({"embedding": [v.astype(np.float64).tolist() for v in vectors]})
+
+
+class HybridModel(TwoTowerModel):
+    """A TwoTowerModel whose scores add w·BM25 (the `fusion` artifact: weight and BM25 statistics)."""
+
+    def load_context(self, context) -> None:
+        from evaluation.hybrid import HybridScorer
+        from evaluation.lexical import BM25
+
+        super().load_context(context)
+        self.fusion = json.loads(Path(context.artifacts["fusion"]).read_text())
+        self.scorer = HybridScorer(self.embedder, BM25.from_dict(self.fusion["bm25"]), self.fusion["weight"])
+        self.name, self.kind = f"{self.name}+bm25", "hybrid"
 
 
 def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
@@ -70,14 +86,20 @@ def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
     return dest
 
 
-def log_model(checkpoint: Path, registered_name: str | None) -> tuple[str, str | None]:
-    """Log the model into the active run (and register it); returns (model URI, registered version)."""
+def log_model(
+    checkpoint: Path, registered_name: str | None, fusion: dict[str, Any] | None = None
+) -> tuple[str, str | None]:
+    """Log the model (a hybrid when `fusion` holds its weight and BM25 statistics) into the active
+    run and register it; returns (model URI, registered version)."""
     with tempfile.TemporaryDirectory() as tmp:
-        slim = slim_checkpoint(checkpoint, Path(tmp) / "model.pt")
+        artifacts = {"checkpoint": str(slim_checkpoint(checkpoint, Path(tmp) / "model.pt"))}
+        if fusion is not None:
+            artifacts["fusion"] = str(Path(tmp) / "fusion.json")
+            Path(artifacts["fusion"]).write_text(json.dumps(fusion))
         info = mlflow.pyfunc.log_model(
             name="model",
-            python_model=TwoTowerModel(),
-            artifacts={"checkpoint": str(slim)},
+            python_model=HybridModel() if fusion is not None else TwoTowerModel(),
+            artifacts=artifacts,
             code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation")],
             signature=SIGNATURE,
             input_example=pd.DataFrame({"query": ["cordless drill"], "title": ["dewalt 20-volt cordless drill kit"]}),

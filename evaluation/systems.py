@@ -31,11 +31,12 @@ class Scorer(Protocol):
 @dataclass
 class System:
     name: str
-    kind: str  # "baseline" or "trained"
+    kind: str  # "baseline", "trained" or "hybrid" (a trained model fused with BM25)
     scorer: Scorer
     params: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     checkpoint: Path | None = None  # a trained model's checkpoint file, for the MLflow model
+    fusion: dict[str, Any] | None = None  # a hybrid's weight and BM25 statistics, saved with its MLflow model
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def build_baseline(name: str, judged: list[JudgedPair], params: BaselineParams =
     if name in ("bm25", "ulm", "plsa"):
         collection = lexical.Collection(titles)
     if name == "bm25":
-        return System(name, "baseline", lexical.BM25(collection, params.k1, params.b), {"k1": params.k1, "b": params.b})
+        bm25 = lexical.BM25.fit(collection, params.k1, params.b)
+        return System(name, "baseline", bm25, {"k1": params.k1, "b": params.b})
     if name == "ulm":
         return System(name, "baseline", lexical.UnigramLM(collection, params.mu), {"mu": params.mu})
     if name == "plsa":
@@ -105,11 +107,11 @@ def _from_mlflow(uri: str) -> System:
     except Exception as e:  # MLflow raises several types for a bad URI or a missing model
         raise DssmError(f"--model {uri}: cannot load the MLflow model ({type(e).__name__}: {e})") from None
     inner = model.unwrap_python_model()
-    embedder = getattr(inner, "embedder", None)
-    if embedder is None:
+    if getattr(inner, "scorer", None) is None:
         raise DssmError(f"--model {uri}: not a dssm two-tower model")
     tags = {"model_uri": uri, "train_run_id": str(model.metadata.run_id or "")}
-    return System(embedder.encoder_name, "trained", embedder, embedder.cfg.flat(), tags, inner.checkpoint_path)
+    fusion = getattr(inner, "fusion", None)
+    return System(inner.name, inner.kind, inner.scorer, inner.embedder.cfg.flat(), tags, inner.checkpoint_path, fusion)
 
 
 def unique_names(systems: list[System]) -> None:

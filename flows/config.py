@@ -39,6 +39,7 @@ class TrainSection:
 @dataclass
 class EvaluateSection:
     baselines: list[str] = field(default_factory=lambda: ["bm25"])
+    hybrid: bool = True  # also each model + BM25, the fusion weight fit on the negatives' validation queries
 
 
 @dataclass

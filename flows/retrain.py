@@ -118,7 +118,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             checkpoints.append(finished(trained)["path"])
         report = None
         if evaluate:
-            stage, report = evaluate_task(layout, checkpoints, judged, cfg.evaluate.baselines, mlflow_uri, cfg.force)
+            stage, report = evaluate_task(
+                layout, checkpoints, judged, cfg.evaluate, negatives["path"], mlflow_uri, cfg.force
+            )
             finished(stage)
             if cfg.analyze:
                 analysed = analyze_task(layout, checkpoints, judged, cfg.force)

@@ -23,6 +23,7 @@ from core.judgments import JudgedSet
 from core.layout import Layout
 
 if TYPE_CHECKING:
+    from flows.config import EvaluateSection
     from jobs.clean import CleanConfig
     from jobs.negatives import NegativesConfig
     from jobs.simulate import SimulationConfig
@@ -192,10 +193,13 @@ def evaluate_stage(
     layout: Layout,
     checkpoints: list[str],
     judged: JudgedSet,
-    baselines: list[str],
+    section: EvaluateSection,
+    negatives_dir: str,
     mlflow_uri: str | None,
     force: bool,
 ) -> tuple[StageOutput, dict[str, Any]]:
+    """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
+    queries of `negatives_dir`) against the baselines, then the champion gate."""
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
 
@@ -207,7 +211,8 @@ def evaluate_stage(
             judgments=judged,
             out=out,
             models=list(checkpoints),
-            baselines=parse_baselines(",".join(baselines)),
+            baselines=parse_baselines(",".join(section.baselines)),
+            hybrid_dev=Path(negatives_dir) if section.hybrid else None,
             mlflow_uri=mlflow_uri,
             force=force,
         )

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import tiny_model, write_judged
 
+from core.text import is_test_query
 from dssm.cli import main as dssm_main
 from evaluation.neural import TwoTowerEmbedder
 from evaluation.registry import champion_gate
@@ -162,3 +163,44 @@ def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     assert dssm_main([*args, "--query-col", "q"]) == 2
     assert "missing column(s) q" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_process(tiny_data, tmp_path):
+    from core.judgments import resolve_judged_set
+    from evaluation.evaluate import dev_queries
+    from evaluation.lexical import BM25, Collection
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=3")
+    judged = write_judged(tmp_path / "judged.csv")
+    train_rows = write_judged(tmp_path / "train.csv", test=False).read_text().splitlines()[1:]
+    with open(judged, "a") as f:  # test queries and train queries (the dev split's) in one judged set
+        f.write("\n".join(train_rows) + "\n")
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--model", str(model)]
+    negatives = tiny_data / "negatives"
+    report = evaluate(*args, "--hybrid-dev", str(negatives), "--out", str(tmp_path / "r"))
+
+    assert list(report["systems"]) == ["bm25", "lstm", "lstm+bm25"]
+    assert dev_queries(negatives) and not any(is_test_query(q) for q in dev_queries(negatives))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(report["systems"]["lstm+bm25"]["mlflow_run_id"])
+    assert run.data.tags["kind"] == "hybrid" and run.data.tags["fused_with"] == "bm25"
+    assert int(run.data.params["fit_dev_queries"]) > 0
+    weight = float(run.data.params["fusion_weight"])
+    gates = {g["system"]: g for g in report["gate"]}
+    assert set(gates) == {"lstm", "lstm+bm25"} and gates["lstm+bm25"]["version"] == "2"
+
+    # the registered hybrid carries its BM25 statistics: a fresh process scores as evaluation did
+    queries, titles = ["cordless drill", "white lamp", "zzz"], ["steel drill kit", "white lamp pro", "brass rug"]
+    bm25 = BM25.fit(Collection([p.title for p in resolve_judged_set(judged).pairs()]))
+    expected = TwoTowerEmbedder(model / "last.pt").score(queries, titles) + weight * bm25.score(queries, titles)
+    script = (
+        "import json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({uri!r})\n"
+        "m = mlflow.pyfunc.load_model('models:/dssm-tiny/2')\n"
+        f"print(json.dumps(m.predict(pd.DataFrame({{'query': {queries!r}, 'title': {titles!r}}}))['score'].tolist()))\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), expected, atol=1e-5)

@@ -71,7 +71,7 @@ def test_eval_subset_follows_protocol():
 
 def test_bm25_by_hand():
     titles = ["red drill", "blue drill kit", "red paint"]
-    bm25 = BM25(Collection(titles), k1=1.2, b=0.75)
+    bm25 = BM25.fit(Collection(titles), k1=1.2, b=0.75)
     avgdl = 7 / 3
     idf_red = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))
     idf_drill = idf_red
@@ -139,3 +139,29 @@ def test_two_models_of_one_encoder_get_distinct_names():
     unique_names(systems)
     names = [s.name for s in systems]
     assert names[:2] == ["lstm", "lstm-para"] and names[2].startswith("lstm-") and len(set(names)) == 3
+
+
+def test_hybrid_weight_follows_the_dev_split():
+    from evaluation.hybrid import RATIOS, fit_weight
+
+    rng = np.random.default_rng(0)
+    rows = [(f"query {i}", f"title {i} {j}", float(1 + j % 3)) for i in range(30) for j in range(6)]
+    dev = build_eval_set(judged(rows), "x", "sha", all_queries=True)
+    queries, titles = dev.pairs()
+    labels = np.concatenate([q.labels for q in dev.queries])
+    noise = rng.normal(size=len(labels))
+
+    class Fixed:
+        def __init__(self, values):
+            self.values = values
+
+        def score(self, q, t):
+            return self.values
+
+    # the model ranks perfectly and BM25 is noise: no BM25; the other way round: BM25 dominates, at
+    # the smallest weight that reaches its ranking
+    assert fit_weight(dev, Fixed(labels), Fixed(noise)).ratio == 0.0
+    fit = fit_weight(dev, Fixed(noise), Fixed(labels))
+    assert fit.dev_objective == 100.0 and fit.grid[0.0] < 80 and fit.dev_queries == 30
+    assert fit.ratio > 0 and fit.grid[fit.ratio] > max(v for r, v in fit.grid.items() if r < fit.ratio)
+    assert fit.grid[RATIOS[-1]] == 100.0
