@@ -7,7 +7,8 @@
    vocabulary and negatives, and trains the LSTM-RNN with the chosen config (CHOSEN below);
 2. `dssm run` trains each other encoder on the same data with CHOSEN and its own learning rate
    (ENCODER_LR below; finished runs are kept, not redone);
-3. `dssm evaluate` scores every model and baseline on the 1,580 test queries, writes the report to
+3. `dssm evaluate` scores every model, its hybrid with BM25 (weight fit on the validation queries)
+   and every baseline on the 1,580 test queries, writes the report to
    WORKDIR/eval (or WORKDIR/dev-eval) and logs every system to WORKDIR/mlflow.db;
 4. the first encoder (the LSTM-RNN) is compared with each other trained model: mean NDCG
    differences and paired t-tests over queries, from the report's TREC run files.
@@ -98,6 +99,8 @@ def main() -> None:
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
         evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
+    else:  # each model + BM25, the fusion weight fit on the validation queries (evaluation/hybrid.py)
+        evaluate += ["--hybrid-dev", str(Layout(work).negatives)]
     dssm(*evaluate, *[a for e in encoders for a in ("--model", str(Layout(work).train(e)))])
     print((out / "report.md").read_text())
     for other in encoders[1:]:  # the first encoder (the LSTM-RNN) against the other trained models

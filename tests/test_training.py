@@ -26,7 +26,7 @@ from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.train import resolve_paths, train, validation_loss
 
 TINY = ["model.ncell=8", "data.batch_size=16", "threads=1", "log_every=5", "eval_every=10", "checkpoint_every=10"]
-GOLDEN_TRAIN_LOSS_AT_30 = 0.4121  # tiny lstm after 30 steps, measured on this CPU (x86-64, 1 thread)
+GOLDEN_TRAIN_LOSS_AT_30 = 0.0864  # tiny lstm (default: shared towers) after 30 steps, this CPU (x86-64, 1 thread)
 
 
 def config(data: Path, out: Path, *overrides: str):
@@ -75,7 +75,8 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path):
     a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
     assert a["step"] == b["step"] == 8
     for name, tensor in a["model"].items():
-        torch.testing.assert_close(b["model"][name], tensor, atol=2e-6, rtol=1e-5, msg=name)
+        # float32 summation order differs between one batch and two all-reduced halves: ~4e-6 at lr 0.5
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=name)
     runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").search_runs(
         [mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").get_experiment_by_name("dssm-train").experiment_id]
     )
