@@ -25,6 +25,21 @@ def test_shipped_catalogue_is_the_generators_output(tmp_path):
     assert catalogue.write(tmp_path / "c.csv").read_bytes() == catalogue.DEFAULT_CATALOGUE.read_bytes()
 
 
+def test_catalogue_queries_are_what_users_type_and_labels_follow_the_intent(default_pairs):
+    stats = catalogue.stats()
+    assert stats["queries"] == 660
+    for form in ("colloquial", "misspelled", "reordered"):  # docs/simulator.md's table
+        assert abs(stats[form] - catalogue.RATES[form]) < 0.06, form
+    assert stats["no_word_in_any_judged_title"] > 0.08  # BM25 scores every title of these 0
+    # a colloquial query names no title word, yet the raters grade the product it means relevant
+    best: dict[str, float] = {}
+    for p in default_pairs:
+        best[p.query] = max(best.get(p.query, 0.0), p.label)
+    for query in ("weed whacker", "sawzall", "commode"):
+        matches = [q for q in best if query in q]
+        assert matches and max(best[q] for q in matches) >= 2.33, query
+
+
 def test_seeded_output_is_byte_identical(default_pairs, tmp_path):
     cfg = SimulationConfig(impressions=3_000, shards=2, workers=1)
     simulate(default_pairs, tmp_path / "a", cfg, SOURCE)
