@@ -330,5 +330,6 @@ def command(args) -> None:
     report = evaluate(cfg)
     print((Path(cfg.out) / "report.md").read_text(), end="")
     for gate in report["gate"]:
-        print(f"{gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+        decision = "promoted" if gate["promoted"] else "kept"
+        print(f"{gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
     print(f"report: {cfg.out}/report.json ({report['seconds']:.0f}s)")

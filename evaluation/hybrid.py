@@ -48,6 +48,7 @@ class Fit:
             "fusion_ratio": self.ratio,
             "fit_dev_queries": self.dev_queries,
             "fit_dev_objective": round(self.dev_objective, 3),
+            "fit_dev_grid": " ".join(f"{r:g}:{v:.2f}" for r, v in self.grid.items()),  # ratio:objective
         }
 
 

@@ -190,5 +190,6 @@ def command(args) -> None:
         shown = ", ".join(f"{k} {_number(v)}" for k, v in out["counts"].items())
         print(f"  {out['stage']:<10} {state} {out['path']}  ({shown})")
     for gate in summary.get("gate", []):
-        print(f"  {gate['model']} v{gate['version']}: {'promoted' if gate['promoted'] else 'kept'} ({gate['reason']})")
+        decision = "promoted" if gate["promoted"] else "kept"
+        print(f"  {gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
     print(f"report: {layout.report}")

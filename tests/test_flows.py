@@ -83,7 +83,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert len(resumed) == 1 and int(resumed[0].split()[3]) >= 10
 
     summary = json.loads((work / "report.json").read_text())
-    assert set(summary["systems"]) == {"bm25", "lstm"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
+    assert set(summary["systems"]) == {"bm25", "lstm", "lstm+bm25"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
     stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
     assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "analyze"]
     assert all(stages[s]["skipped"] for s in ["simulate", "clean", "vocab", "negatives"])
@@ -100,11 +100,15 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     for run in runs:
         by_system.setdefault(run.data.tags["system"], []).append(run)
     # one training run (the resumed run continues it) and one evaluation run per system
-    assert sorted((k, len(v)) for k, v in by_system.items()) == [("bm25", 1), ("lstm", 2)]
+    assert sorted((k, len(v)) for k, v in by_system.items()) == [("bm25", 1), ("lstm", 2), ("lstm+bm25", 1)]
     assert all(r.data.tags["dataset"] == "default-catalogue" for r in runs)
     train_run = stages["train"]["counts"]["mlflow_run_id"]
     assert train_run in {r.info.run_id for r in by_system["lstm"]}
-    assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version in (1, "1")
+    # the model (v1) and its hybrid with BM25 (v2) went through the gate in turn
+    gates = {g["system"]: g for g in summary["gate"]}
+    assert gates["lstm"]["version"] == "1" and gates["lstm+bm25"]["version"] == "2"
+    champion = "2" if gates["lstm+bm25"]["promoted"] else "1"
+    assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version == champion
     # the analyze stage's report is an artifact of the training run
     assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}

@@ -88,7 +88,11 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
 
         report = json.loads((work / "report.json").read_text())
-        assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {"bm25", "lstm"}
+        assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {
+            "bm25",
+            "lstm",
+            "lstm+bm25",
+        }
         assert [s["stage"] for s in report["pipeline"]["stages"]] == [
             "clean",
             "vocab",
