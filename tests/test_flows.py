@@ -108,7 +108,8 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     gates = {g["system"]: g for g in summary["gate"]}
     assert gates["lstm"]["version"] == "1" and gates["lstm+bm25"]["version"] == "2"
     champion = "2" if gates["lstm+bm25"]["promoted"] else "1"
-    assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version == champion
+    alias = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion")
+    assert str(alias.version) == champion
     # the analyze stage's report is an artifact of the training run
     assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
