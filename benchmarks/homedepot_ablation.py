@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, per_query_ndcg
+from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, seed_mean
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS, paired_test
@@ -87,7 +87,7 @@ def main() -> None:
     for name, _ in args.variant[1:]:
         cells = []
         for k in CUTOFFS:
-            mean = {v: _seed_mean(report, names[v], k) for v in (reference, name)}
+            mean = {v: seed_mean(report, names[v], k) for v in (reference, name)}
             queries = sorted(mean[reference])
             a = np.array([mean[reference][q] for q in queries])
             b = np.array([mean[name][q] for q in queries])
@@ -109,12 +109,6 @@ def system_names(runs: dict[str, list[Path]]) -> dict[str, list[str]]:
             seen.add(name)
             names.setdefault(variant, []).append(name)
     return names
-
-
-def _seed_mean(report: Path, systems: list[str], k: int) -> dict[str, float]:
-    """Per query, the NDCG@k averaged over the seeds' models."""
-    per_seed = [per_query_ndcg(report, s, k) for s in systems]
-    return {q: float(np.mean([run[q] for run in per_seed])) for q in per_seed[0]}
 
 
 if __name__ == "__main__":
