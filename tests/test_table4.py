@@ -3,8 +3,9 @@
 The LSTM-RNN row is re-measured from the raw judged file as benchmarks/homedepot_table4.py does
 it (LSTM only): `dssm run` simulates 1M impressions, cleans, builds the vocabulary and negatives,
 trains with the chosen config and evaluates against BM25. To keep the suite within its time budget
-it trains 4 epochs instead of the table's 10 and pins that run's row (BENCHMARKS.md, "CI's pinned
-row"); `make table4` reproduces the full table. Skipped where ../shared/data is absent.
+it trains 4 epochs instead of the table's 10 and pins that run's rows, the LSTM-RNN and its hybrid with
+BM25 (BENCHMARKS.md, "CI's pinned row"); `make table4` reproduces the full table with 3 seeds.
+Skipped where ../shared/data is absent.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from evaluation.systems import build_baseline
 pytestmark = pytest.mark.integration
 
 REFERENCE = {"bm25": (70.1, 73.9, 88.4), "doc2vec": (67.2, 71.6, 87.3), "minilm": (71.9, 76.0, 89.2)}
-# BENCHMARKS.md, "Table IV on Home Depot", CI's pinned row: the chosen config at 4 epochs (the table: 10).
-PINNED_LSTM = (69.16, 74.34, 88.51)
+# BENCHMARKS.md, "Table IV on Home Depot", CI's pinned rows: the chosen config at 4 epochs (the table: 10),
+# one shared query/title tower (the default since issue 18), seed 1.
+PINNED_LSTM = (70.95, 75.37, 88.97)
+PINNED_HYBRID = (70.54, 75.11, 88.84)  # lstm+bm25, the fusion weight fit on the validation queries
 CI_EPOCHS = 4
 TOLERANCE = 1.0  # seeds are fixed, but threads change float summation order in training
 
@@ -50,9 +53,13 @@ def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     chosen = [f"epochs={CI_EPOCHS}", "loss.pair_weight=log_clicks"]  # homedepot_table4.py's CHOSEN, shorter
     assert dssm_main(["run", *data, "--train", *chosen]) == 0  # ends with `dssm evaluate` against BM25
     report = json.loads((work / "eval" / "report.json").read_text())
-    lstm, bm25 = report["systems"]["lstm"], report["systems"]["bm25"]
+    lstm, bm25, hybrid = (report["systems"][s] for s in ("lstm", "bm25", "lstm+bm25"))
     assert report["eval_queries"] == 1_580 and report["eval_pairs"] == 13_065
     assert [lstm[f"ndcg@{k}"] for k in CUTOFFS] == pytest.approx(PINNED_LSTM, abs=TOLERANCE)
+    assert [hybrid[f"ndcg@{k}"] for k in CUTOFFS] == pytest.approx(PINNED_HYBRID, abs=TOLERANCE)
+    for system in (lstm, hybrid):  # ahead of BM25 at every cutoff, significantly at @3 and @10 (p ~ 1e-3)
+        assert all(system[f"ndcg@{k}"] > bm25[f"ndcg@{k}"] for k in CUTOFFS)
+        assert system["p_vs_bm25"]["ndcg@3"] < 0.05 and system["p_vs_bm25"]["ndcg@10"] < 0.05
     assert [bm25[f"ndcg@{k}"] for k in CUTOFFS] == pytest.approx(REFERENCE["bm25"], abs=0.2)
     for k, doc2vec in zip(CUTOFFS, REFERENCE["doc2vec"], strict=True):
         assert lstm[f"ndcg@{k}"] - lstm["ci95"][f"ndcg@{k}"] > doc2vec  # its 95% interval is above doc2vec's row
@@ -61,5 +68,5 @@ def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     analysis = json.loads((work / "analysis" / "analysis.json").read_text())["test_queries"]
     assert analysis["queries"] == 1_580
     assert {"for", "in"} <= {word for word, _, _ in analysis["input_gate_lowest"]}
-    # Not asserted, because it is not so: a significant win over BM25. At 10 epochs the LSTM-RNN is
-    # ahead by 0.2-0.7 points with p = 0.17-0.42 (BENCHMARKS.md); the issue's bar is not met yet.
+    # Not asserted, because it is not so: a significant win over BM25 at NDCG@1. At 10 epochs the
+    # 3-seed mean is ahead by +1.18 with p = 0.087 (BENCHMARKS.md); issue 18's bar is not met there.
