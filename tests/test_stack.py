@@ -115,7 +115,7 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
         experiment = client.get_experiment_by_name(report["dataset"])
         runs = client.search_runs([experiment.experiment_id])
-        assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm"]
+        assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm", "lstm+bm25"]
         assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
 
         # A cluster that loses its workers: the job waiting for executors fails within the bound, saying why.
