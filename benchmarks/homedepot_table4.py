@@ -107,9 +107,9 @@ def main() -> None:
     for seed in seeds[1:]:  # the flow trained seed 1 (the config's default seed)
         out = layout.train(f"{first}-seed{seed}")
         extra.append(out)
-        if not (out / "last.pt").exists():
-            dssm("train", "--workdir", str(work), f"model.encoder={first}", *ENCODER_LR.get(first, []), *args.train,
-                 f"seed={seed}", f"out={out}")  # fmt: skip
+        # a finished run with this config, data and code is skipped; one made otherwise is retrained
+        dssm("train", "--workdir", str(work), "--on-change", "restart", f"model.encoder={first}",
+             *ENCODER_LR.get(first, []), *args.train, f"seed={seed}", f"out={out}")  # fmt: skip
     out = work / ("dev-eval" if args.dev else "eval")
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
