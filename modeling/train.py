@@ -147,7 +147,12 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
     device_kind = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     d = init_distributed(device_kind)
     try:
-        return _train(cfg, on_change, d)
+        summary = _train(cfg, on_change, d)
+        if d.world > 1:
+            # No rank tears gloo down while another may still be in a collective or logging: CI saw a
+            # rank abort at exit ("terminate called without an active exception") after a finished run.
+            dist.barrier()
+        return summary
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
