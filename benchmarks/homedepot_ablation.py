@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, seed_mean
+from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, paired_cell, seed_mean
 
 from core.layout import Layout
-from evaluation.protocol import CUTOFFS, paired_test
+from evaluation.protocol import CUTOFFS
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -85,13 +85,9 @@ def main() -> None:
         print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
     reference = args.variant[0][0]
     for name, _ in args.variant[1:]:
-        cells = []
-        for k in CUTOFFS:
-            mean = {v: seed_mean(report, names[v], k) for v in (reference, name)}
-            queries = sorted(mean[reference])
-            a = np.array([mean[reference][q] for q in queries])
-            b = np.array([mean[name][q] for q in queries])
-            cells.append(f"NDCG@{k} {100 * (b.mean() - a.mean()):+.2f} (p={paired_test(b, a):.3f})")
+        cells = [
+            paired_cell(k, seed_mean(report, names[reference], k), seed_mean(report, names[name], k)) for k in CUTOFFS
+        ]
         print(f"{name} − {reference}: " + ", ".join(cells))
 
 

@@ -71,13 +71,15 @@ def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
 
 def compare(report: Path, a: str, b: str) -> str:
     """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
-    cells = []
-    for k in CUTOFFS:
-        x, y = per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)
-        queries = sorted(x)
-        xa, yb = np.array([x[q] for q in queries]), np.array([y[q] for q in queries])
-        cells.append(f"NDCG@{k} {100 * (yb.mean() - xa.mean()):+.2f} (p={paired_test(yb, xa):.3f})")
+    cells = [paired_cell(k, per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)) for k in CUTOFFS]
     return f"{b} − {a}: " + ", ".join(cells)
+
+
+def paired_cell(k: int, a: dict[str, float], b: dict[str, float]) -> str:
+    """`NDCG@k +d (p=…)`: the mean per-query difference b − a (×100) and its paired t-test p-value."""
+    queries = sorted(a)
+    x, y = np.array([a[q] for q in queries]), np.array([b[q] for q in queries])
+    return f"NDCG@{k} {100 * (y.mean() - x.mean()):+.2f} (p={paired_test(y, x):.3g})"
 
 
 def main() -> None:
@@ -145,12 +147,7 @@ def seed_table(report: Path, first: str, systems: dict[str, list[str]], referenc
         lines.append(f"| {first}{suffix} | {cells} |")
     for suffix, names in systems.items():
         for ref in references:
-            cells = []
-            for k in CUTOFFS:
-                mean, other = seed_mean(report, names, k), per_query_ndcg(report, ref, k)
-                queries = sorted(mean)
-                a, b = np.array([other[q] for q in queries]), np.array([mean[q] for q in queries])
-                cells.append(f"NDCG@{k} {100 * (b.mean() - a.mean()):+.2f} (p={paired_test(b, a):.3g})")
+            cells = [paired_cell(k, per_query_ndcg(report, ref, k), seed_mean(report, names, k)) for k in CUTOFFS]
             lines.append(f"{first}{suffix} (seed mean) − {ref}: " + ", ".join(cells))
     return "\n".join(lines)
 
