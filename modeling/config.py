@@ -58,7 +58,7 @@ class LossConfig:
     objective: str = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss (one shared encoder)
     margin: float = 0.4  # paraphrase: δ of max(0, δ − cos(s1, s2) + cos(s1, t1))
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
-    in_batch_negatives: bool = False  # also score every other clicked title of the local batch
+    in_batch_negatives: bool = True  # also score every other clicked title of the global batch (all ranks)
     pair_weight: str = "none"  # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr
     # Wieting & Gimpel's regularisers, added to the loss: λ_c/2·‖θ‖² over every parameter but the
     # token embedding tables, and λ_w/2·‖W − W_initial‖² pulling those tables toward their values at

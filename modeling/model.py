@@ -9,6 +9,7 @@ Algorithm 1); `shared_towers` ties them.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -37,19 +38,53 @@ class TwoTower(nn.Module):
         return q, d.view(q.shape[0], -1, d.shape[1])
 
 
-def click_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = None) -> Tensor:
+class _GatherRows(torch.autograd.Function):
+    """Every rank's rows, concatenated in rank order. The backward hands each rank the sum over ranks
+    of the gradient for its own rows (a reduce-scatter, done as an all_reduce because gloo has no
+    reduce_scatter), so DDP's averaged gradient is the gradient of the global batch's mean loss."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor) -> Tensor:
+        parts = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, rows.contiguous())
+        ctx.span = (dist.get_rank() * rows.shape[0], rows.shape[0])
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        start, rows = ctx.span
+        return grad[start : start + rows]
+
+
+def global_rows(rows: Tensor) -> tuple[Tensor, int]:
+    """(the global batch's rows, the offset of this rank's rows in it); this rank's own rows outside
+    a multi-process group. Every rank must call it with the same number of rows."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows, 0
+    return _GatherRows.apply(rows), dist.get_rank() * rows.shape[0]
+
+
+def click_loss(
+    q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = None, across_ranks: bool = False
+) -> Tensor:
     """Eq. (5): softmax over γ·cos of the clicked title (index 0) and its negatives; mean −log P
     (a `weights`-weighted mean when given).
 
-    With `in_batch_negatives`, every other example's clicked title is a negative too."""
+    With `in_batch_negatives`, every other example's clicked title is a negative too: those of the
+    whole global batch when `across_ranks` (training under DDP), so the objective does not depend on
+    the number of processes."""
     if q.dtype in (torch.float16, torch.bfloat16):  # autocast outputs: score in fp32
         q, d = q.float(), d.float()
     q = F.normalize(q, dim=-1, eps=1e-8)
     d = F.normalize(d, dim=-1, eps=1e-8)
     scores = torch.einsum("bh,bkh->bk", q, d)  # (B, 1 + n)
-    if cfg.in_batch_negatives and q.shape[0] > 1:
-        others = q @ d[:, 0].t()  # (B, B): diagonal is each row's own clicked title
-        others = others.masked_fill(torch.eye(q.shape[0], dtype=torch.bool, device=q.device), float("-inf"))
+    if cfg.in_batch_negatives:
+        clicked, offset = global_rows(d[:, 0]) if across_ranks else (d[:, 0], 0)
+        others = q @ clicked.t()  # (B, global B): each row's own clicked title at column offset + row
+        own = torch.arange(q.shape[0], device=q.device)
+        others = others.index_put((own, own + offset), others.new_tensor(float("-inf")))
         scores = torch.cat([scores, others], 1)
     target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
     if weights is None:
@@ -79,12 +114,14 @@ def paraphrase_loss(s1: Tensor, s2: Tensor, groups: Tensor, margin: float) -> Te
     return losses.mean()
 
 
-def training_loss(q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None, groups: Tensor) -> Tensor:
+def training_loss(
+    q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None, groups: Tensor, across_ranks: bool = False
+) -> Tensor:
     """The configured objective on a batch: `q` the queries (first sentences), `d` (B, 1 + n, dim)
     the clicked titles (second sentences) and their negatives."""
     if cfg.objective == "paraphrase":
         return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
-    return click_loss(q, d, cfg, weights)
+    return click_loss(q, d, cfg, weights, across_ranks)
 
 
 def embedding_tables(model: nn.Module) -> dict[str, Tensor]:

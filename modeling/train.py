@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +124,16 @@ def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
 @torch.no_grad()
 def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: TrainConfig, device) -> float:
     model.eval()
+    # eq. (5) over each row's own negatives only: comparable across batch sizes and
+    # `loss.in_batch_negatives` settings (chance level ln(1 + n))
+    loss_cfg = replace(cfg.loss, in_batch_negatives=False)
     total, count = 0.0, 0
     size = max(1, cfg.data.batch_size)
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
         queries, docs, _, groups = batches.encode(chunk)  # unweighted: comparable across pair_weight settings
         q, d = model(queries.to(device), docs.to(device))
-        total += float(training_loss(q, d, cfg.loss, None, groups)) * len(chunk)
+        total += float(training_loss(q, d, loss_cfg, None, groups)) * len(chunk)
         count += len(chunk)
     model.train()
     return total / max(count, 1)
@@ -310,7 +313,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
                 with autocast:
                     q, dv = ddp(queries.to(device), docs.to(device))
                 weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
-                loss = training_loss(q, dv, cfg.loss, weighted, groups)
+                loss = training_loss(q, dv, cfg.loss, weighted, groups, across_ranks=d.world > 1)
                 penalty = regulariser(model, initial, cfg.loss)
                 optimizer.zero_grad(set_to_none=True)
                 (loss if penalty is None else loss + penalty).backward()

@@ -153,12 +153,14 @@ def test_internals_are_per_word_and_end_at_the_embedding(tokenizer):
 def test_loss_is_equation_5():
     q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     d = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 3.0]]])
-    cfg = LossConfig(gamma=10.0)
+    cfg = LossConfig(gamma=10.0, in_batch_negatives=False)
     cos = torch.tensor([[1.0, 0.0], [1 / math.sqrt(2), 1.0]])
     expected = -torch.log_softmax(10 * cos, 1)[:, 0].mean()
     torch.testing.assert_close(click_loss(q, d, cfg), expected)
-    with_batch = click_loss(q, d, LossConfig(gamma=10.0, in_batch_negatives=True))
-    assert with_batch > expected  # the other row's clicked title is one more negative
+    # in-batch negatives (the default): the other row's clicked title is one more negative
+    with_others = torch.cat([cos, torch.tensor([[1 / math.sqrt(2)], [0.0]])], 1)  # q0·d1[0], q1·d0[0]
+    in_batch = -torch.log_softmax(10 * with_others, 1)[:, 0].mean()
+    torch.testing.assert_close(click_loss(q, d, LossConfig(gamma=10.0)), in_batch)
     # weighted by clicks: a row clicked three times counts three times
     per_row = -torch.log_softmax(10 * cos, 1)[:, 0]
     weights = pair_weights([("q", "p", [], 3, 10), ("q", "p", [], 1, 2)], "clicks")
