@@ -23,9 +23,9 @@ pytestmark = pytest.mark.integration
 
 REFERENCE = {"bm25": (70.1, 73.9, 88.4), "doc2vec": (67.2, 71.6, 87.3), "minilm": (71.9, 76.0, 89.2)}
 # BENCHMARKS.md, "Table IV on Home Depot", CI's pinned rows: the chosen config at 4 epochs (the table: 10),
-# one shared query/title tower (the default since issue 18), seed 1.
-PINNED_LSTM = (70.95, 75.37, 88.97)
-PINNED_HYBRID = (70.54, 75.11, 88.84)  # lstm+bm25, the fusion weight fit on the validation queries
+# one shared query/title tower and in-batch negatives (the defaults since issue 18), seed 1.
+PINNED_LSTM = (71.69, 75.35, 89.03)
+PINNED_HYBRID = (71.75, 75.77, 89.10)  # lstm+bm25, the fusion weight fit on the validation queries
 CI_EPOCHS = 4
 TOLERANCE = 1.0  # seeds are fixed, but threads change float summation order in training
 
@@ -60,6 +60,7 @@ def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     for system in (lstm, hybrid):  # ahead of BM25 at every cutoff, significantly at @3 and @10 (p ~ 1e-3)
         assert all(system[f"ndcg@{k}"] > bm25[f"ndcg@{k}"] for k in CUTOFFS)
         assert system["p_vs_bm25"]["ndcg@3"] < 0.05 and system["p_vs_bm25"]["ndcg@10"] < 0.05
+    assert hybrid["p_vs_bm25"]["ndcg@1"] < 0.05  # issue 18: the hybrid significantly ahead at every cutoff (p 0.021)
     assert [bm25[f"ndcg@{k}"] for k in CUTOFFS] == pytest.approx(REFERENCE["bm25"], abs=0.2)
     for k, doc2vec in zip(CUTOFFS, REFERENCE["doc2vec"], strict=True):
         assert lstm[f"ndcg@{k}"] - lstm["ci95"][f"ndcg@{k}"] > doc2vec  # its 95% interval is above doc2vec's row
@@ -68,5 +69,5 @@ def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     analysis = json.loads((work / "analysis" / "analysis.json").read_text())["test_queries"]
     assert analysis["queries"] == 1_580
     assert {"for", "in"} <= {word for word, _, _ in analysis["input_gate_lowest"]}
-    # Not asserted, because it is not so: a significant win over BM25 at NDCG@1. At 10 epochs the
-    # 3-seed mean is ahead by +1.18 with p = 0.087 (BENCHMARKS.md); issue 18's bar is not met there.
+    # Not asserted: the LSTM-RNN's own win at NDCG@1 is significant only by a hair (p = 0.049 in this
+    # 4-epoch run, 0.049 for the 10-epoch 3-seed mean in BENCHMARKS.md), too close to 0.05 to pin.
