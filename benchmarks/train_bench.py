@@ -30,12 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # (label, encoder, overrides)
 CONFIGS = {
     "lstm": ("lstm", []),
+    "lstm-process": ("lstm", ["data.encode_in=process"]),  # ... in a DataLoader worker process
     "lstm-script": ("lstm", ["model.impl=script"]),
     "lstm-fg-loop": ("lstm", ["model.forget_gate=true", "model.impl=loop"]),
     "lstm-fg-native": ("lstm", ["model.forget_gate=true", "model.impl=native"]),
     "rnn": ("rnn", []),
     "rnn-native": ("rnn", ["model.impl=native"]),
     "dssm": ("dssm", []),
+    "dssm-process": ("dssm", ["data.encode_in=process"]),
     "clsm": ("clsm", []),
     "bilstm": ("bilstm", []),
     "lstm_avg": ("lstm_avg", []),

@@ -53,6 +53,9 @@ PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr")
 OBJECTIVES = ("click", "paraphrase")
 
 
+ENCODE_IN = ("step", "process")
+
+
 @dataclass
 class LossConfig:
     objective: str = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss (one shared encoder)
@@ -76,6 +79,7 @@ class DataConfig:
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
     scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
+    encode_in: str = "step"  # where batches are read and tokenised: step (inline) | process (a worker, ahead)
 
 
 @dataclass
@@ -146,6 +150,8 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError("loss.objective=paraphrase trains one shared encoder: add model.shared_towers=true")
     if m.tokens not in ("trigrams", "words"):
         raise DssmError(f"model.tokens must be trigrams or words, not {m.tokens!r}")
+    if cfg.data.encode_in not in ENCODE_IN:
+        raise DssmError(f"data.encode_in must be one of {', '.join(ENCODE_IN)}, not {cfg.data.encode_in!r}")
     if cfg.loss.pair_weight not in PAIR_WEIGHTS:
         raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
     if not 0 <= m.dropout < 1:

@@ -25,6 +25,7 @@ from modeling.config import DataConfig
 from modeling.hashing import TextBatch, Tokenizer
 
 COLUMNS = ["query", "positive", "negatives", "clicks", "impressions"]
+PREFETCH = 2  # batches encoded ahead by the worker process
 
 
 def train_files(negatives: Path) -> list[Path]:
@@ -117,6 +118,23 @@ class ClickBatches:
             rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
             yield self.encode(rows, rng)
 
+    def steps(self, start: int, total: int) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
+        """The training batches of steps `start` + 1 … `total`, across epochs, read and tokenised
+        where `data.encode_in` says: in the training step or ahead in a worker process."""
+        if self.cfg.encode_in == "process":
+            return in_worker_process(self, start, total)
+        return self._steps(start, total)
+
+    def _steps(self, start: int, total: int) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
+        step = start
+        while step < total:
+            epoch, skip = divmod(step, self.steps_per_epoch)
+            for batch in self.epoch(epoch, skip=skip):
+                if step >= total:
+                    return
+                step += 1
+                yield batch
+
     def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch, Tensor, Tensor]:
         """Query and document batches, each row's loss weight (`loss.pair_weight`) and a group id per
         row (rows with the same query share one: the paraphrase objective keeps them apart)."""
@@ -141,6 +159,28 @@ class ClickBatches:
             weights,
             groups,
         )
+
+
+class _StepStream(torch.utils.data.IterableDataset):
+    def __init__(self, batches: ClickBatches, start: int, total: int):
+        self.batches, self.start, self.total = batches, start, total
+
+    def __iter__(self):
+        torch.set_num_threads(1)
+        return self.batches._steps(self.start, self.total)
+
+
+def in_worker_process(batches: ClickBatches, start: int, total: int) -> Iterator:
+    """`batches.steps` produced up to PREFETCH ahead by one spawned DataLoader worker process (no GIL
+    shared with the training step; tensors come back through shared memory)."""
+    loader = torch.utils.data.DataLoader(
+        _StepStream(batches, start, total),
+        batch_size=None,
+        num_workers=1,
+        prefetch_factor=PREFETCH,
+        multiprocessing_context="spawn",
+    )
+    yield from loader
 
 
 def pair_weights(rows: list, kind: str) -> Tensor:

@@ -85,6 +85,9 @@ class Tokenizer:
         self._trigrams: list[np.ndarray] = []  # per word id
         self._texts: dict[str, np.ndarray] = {}
 
+    def __reduce__(self):  # to a worker process: the vocabulary and settings, not the caches
+        return Tokenizer, (self.vocab, self.max_words, self.cache_size)
+
     def word_id(self, word: str) -> int:
         wid = self._word_ids.get(word)
         if wid is None:

@@ -303,44 +303,40 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     window_steps, window_start, started, first_step = 0, time.perf_counter(), time.perf_counter(), step
     status = "FAILED"
     try:
-        while step < total:
-            epoch, skip = divmod(step, steps_per_epoch)
-            for queries, docs, weights, groups in batches.epoch(epoch, skip=skip):
-                if step >= total:
-                    break
-                step += 1
-                mu = set_momentum(optimizer, step, total, cfg.optim)
-                with autocast:
-                    q, dv = ddp(queries.to(device), docs.to(device))
-                weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
-                loss = training_loss(q, dv, cfg.loss, weighted, groups, across_ranks=d.world > 1)
-                penalty = regulariser(model, initial, cfg.loss)
-                optimizer.zero_grad(set_to_none=True)
-                (loss if penalty is None else loss + penalty).backward()
-                norm = clip_gradients(model, cfg.optim.clip_norm)
-                if not math.isfinite(norm):  # the norm is reduced over ranks: every rank stops here
-                    raise DssmError(
-                        f"non-finite loss/gradient at step {step} (loss {float(loss):.4g}); nothing written after "
-                        f"the last checkpoint in {out}; try a smaller optim.lr or optim.clip_norm"
-                    )
-                optimizer.step()
-                window_loss += loss.detach()
-                window_steps += 1
-                bar.update(1)
-                if step % cfg.log_every == 0 or step == total:
-                    train_loss = mean_over_ranks(window_loss / window_steps, d)
-                    rate = window_steps * cfg.data.batch_size / (time.perf_counter() - window_start)
-                    values = {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}
-                    if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
-                        values["regulariser"] = float(penalty.detach())
-                    tracker.metrics(values, step)
-                    bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
-                    window_loss.zero_()
-                    window_steps, window_start = 0, time.perf_counter()
-                if step % cfg.eval_every == 0 and step != total:
-                    val = validate()
-                if step % cfg.checkpoint_every == 0 and step != total:
-                    checkpoint(val)
+        for queries, docs, weights, groups in batches.steps(step, total):
+            step += 1
+            mu = set_momentum(optimizer, step, total, cfg.optim)
+            with autocast:
+                q, dv = ddp(queries.to(device), docs.to(device))
+            weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
+            loss = training_loss(q, dv, cfg.loss, weighted, groups, across_ranks=d.world > 1)
+            penalty = regulariser(model, initial, cfg.loss)
+            optimizer.zero_grad(set_to_none=True)
+            (loss if penalty is None else loss + penalty).backward()
+            norm = clip_gradients(model, cfg.optim.clip_norm)
+            if not math.isfinite(norm):  # the norm is reduced over ranks: every rank stops here
+                raise DssmError(
+                    f"non-finite loss/gradient at step {step} (loss {float(loss):.4g}); nothing written after "
+                    f"the last checkpoint in {out}; try a smaller optim.lr or optim.clip_norm"
+                )
+            optimizer.step()
+            window_loss += loss.detach()
+            window_steps += 1
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == total:
+                train_loss = mean_over_ranks(window_loss / window_steps, d)
+                rate = window_steps * cfg.data.batch_size / (time.perf_counter() - window_start)
+                values = {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}
+                if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
+                    values["regulariser"] = float(penalty.detach())
+                tracker.metrics(values, step)
+                bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
+                window_loss.zero_()
+                window_steps, window_start = 0, time.perf_counter()
+            if step % cfg.eval_every == 0 and step != total:
+                val = validate()
+            if step % cfg.checkpoint_every == 0 and step != total:
+                checkpoint(val)
         val = validate()
         checkpoint(val)
         status = "FINISHED"

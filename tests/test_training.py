@@ -23,6 +23,7 @@ from dssm.cli import main as dssm_main
 from modeling.checkpoint import load_model, read_checkpoint
 from modeling.config import load_config
 from modeling.data import ClickBatches, train_files, validation_rows
+from modeling.hashing import Tokenizer, Vocab
 from modeling.train import resolve_paths, train, validation_loss
 
 TINY = ["model.ncell=8", "data.batch_size=16", "threads=1", "log_every=5", "eval_every=10", "checkpoint_every=10"]
@@ -65,6 +66,32 @@ def test_golden_loss_and_validation_loss_falls(tiny_data, tmp_path):
     run = mlflow.MlflowClient(cfg.mlflow_uri).get_run(summary["mlflow_run_id"])
     assert run.data.params["model.encoder"] == "lstm" and run.data.tags["system"] == "lstm"
     assert run.data.tags["dataset_sha256"] and run.info.status == "FINISHED"
+
+
+def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
+    cfg = config(tiny_data, tmp_path / "run", "data.word_dropout=0.2")
+    vocab = Vocab.load(tiny_data / "vocab")
+
+    def steps(encode_in: str, start: int = 0) -> list:
+        cfg.data.encode_in = encode_in
+        tokenizer = Tokenizer(vocab, cfg.model.max_words)  # fresh: word numbering sets a batch's layout
+        batches = ClickBatches(train_files(tiny_data / "negatives"), 0, 1, cfg.data, tokenizer, 4, cfg.seed)
+        return list(batches.steps(start, 9))  # 6 steps per epoch: across an epoch boundary
+
+    def tensors(batch: tuple) -> list:
+        queries, docs, weights, groups = batch
+        texts = [getattr(t, f) for t in (queries, docs) for f in ("ids", "offsets", "words", "lengths")]
+        return [*texts, weights, groups]
+
+    def same(a: list, b: list) -> bool:
+        return len(a) == len(b) and all(
+            torch.equal(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(tensors(p), tensors(q), strict=True)
+        )
+
+    inline = steps("step")
+    assert len(inline) == 9  # word dropout included: the same draws wherever they are made
+    assert same(steps("process"), inline)
+    assert same(steps("process", start=4), steps("step", start=4))  # a resumed run
 
 
 def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path):
