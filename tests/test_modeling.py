@@ -235,6 +235,19 @@ def test_gran_variants_follow_their_equations(tokenizer, kind):
         torch.testing.assert_close(together[j].double(), expected, atol=1e-5, rtol=1e-4)
 
 
+def test_clsm_is_shen_et_als_convolution_written_out(tokenizer):
+    torch.manual_seed(0)
+    enc = build_encoder(tokenizer.vocab.size, tiny_cfg("clsm", window=3))
+    torch.nn.init.normal_(enc.bias)
+    out = enc(tokenizer.batch(TEXTS))
+    for j, text in enumerate(TEXTS):
+        words = [enc.bag(torch.tensor(ids), torch.tensor([0]))[0].view(3, 7) for ids in tokenizer.trigrams(text)]
+        padded = [torch.zeros(3, 7), *words, torch.zeros(3, 7)]  # window 3: one zero word each side
+        conv = torch.stack([torch.tanh(enc.bias + sum(padded[p + k][k] for k in range(3))) for p in range(len(words))])
+        expected = torch.tanh(enc.semantic(conv.max(0).values))
+        torch.testing.assert_close(out[j], expected, atol=1e-6, rtol=1e-5)
+
+
 def test_bigran_adds_a_gran_that_reads_the_text_backwards(tokenizer):
     torch.manual_seed(0)
     enc = build_encoder(tokenizer.vocab.size, tiny_cfg("bigran"))
