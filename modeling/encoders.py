@@ -56,14 +56,19 @@ def dropped(x: Tensor, p: float, training: bool) -> Tensor:
     return nn.functional.dropout(x, p, training) if p > 0 and training else x
 
 
-def word_vectors(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
-    """(texts, max words, dim): each word's summed trigram embeddings, zeros after the text ends."""
-    flat = hashed_words(bag, batch)
-    lengths = batch.lengths.cpu()
+def padded_positions(lengths: Tensor) -> tuple[int, int, Tensor]:
+    """(texts, max words, each word occurrence's row in a (texts × max words) padded grid)."""
+    lengths = lengths.cpu()
     n, t = len(lengths), int(lengths.max())
     text = torch.repeat_interleave(torch.arange(n), lengths)
     within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
-    return _scatter(flat, text * t + within, n * t).view(n, t, -1)
+    return n, t, text * t + within
+
+
+def word_vectors(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
+    """(texts, max words, dim): each word's summed trigram embeddings, zeros after the text ends."""
+    n, t, rows = padded_positions(batch.lengths)
+    return _scatter(hashed_words(bag, batch), rows, n * t).view(n, t, -1)
 
 
 @dataclass
@@ -379,11 +384,9 @@ class CLSMEncoder(Encoder):
         # one (N·T, K) read each, where slicing padded (N, T, window, K) word vectors cost a
         # full-size zero gradient per slice (10x slower, issue 19).
         blocks = torch.cat([distinct.view(-1, self.channels), distinct.new_zeros(1, self.channels)])
-        lengths = batch.lengths.cpu()
-        n, t, half = len(lengths), int(lengths.max()), self.window // 2
-        text = torch.repeat_interleave(torch.arange(n), lengths)
-        within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
-        grid = torch.full((n * t,), -1, dtype=torch.long).index_copy(0, text * t + within, batch.words.cpu())
+        n, t, positions = padded_positions(batch.lengths)
+        half = self.window // 2
+        grid = torch.full((n * t,), -1, dtype=torch.long).index_copy(0, positions, batch.words.cpu())
         grid = nn.functional.pad(grid.view(n, t), (half, half), value=-1)
         conv = self.bias
         for k in range(self.window):  # the word at position p + k − half, its offset-k block
