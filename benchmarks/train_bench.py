@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (label, encoder, overrides)
 CONFIGS = {
     "lstm": ("lstm", []),
-    "lstm-process": ("lstm", ["data.encode_in=process"]),  # ... in a DataLoader worker process
+    "lstm-process": ("lstm", ["data.encode_in=process"]),  # batches encoded ahead in a DataLoader worker
     "lstm-script": ("lstm", ["model.impl=script"]),
     "lstm-fg-loop": ("lstm", ["model.forget_gate=true", "model.impl=loop"]),
     "lstm-fg-native": ("lstm", ["model.forget_gate=true", "model.impl=native"]),

@@ -41,11 +41,6 @@ class Encoder(nn.Module):
         return [m for m in self.modules() if isinstance(m, nn.EmbeddingBag)]
 
 
-def _scatter(flat: Tensor, pos: Tensor, cells: int) -> Tensor:
-    # One out-of-place scatter: pad_sequence's per-text slice copies cost a full gradient copy each.
-    return flat.new_zeros(cells, flat.shape[1]).index_copy(0, pos.to(flat.device), flat)
-
-
 def hashed_words(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
     """(word occurrences, dim): W·l(t) for every word of every text, each distinct word hashed once."""
     return bag(batch.ids, batch.offsets).index_select(0, batch.words)
@@ -63,12 +58,6 @@ def padded_positions(lengths: Tensor) -> tuple[int, int, Tensor]:
     text = torch.repeat_interleave(torch.arange(n), lengths)
     within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
     return n, t, text * t + within
-
-
-def word_vectors(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
-    """(texts, max words, dim): each word's summed trigram embeddings, zeros after the text ends."""
-    n, t, rows = padded_positions(batch.lengths)
-    return _scatter(hashed_words(bag, batch), rows, n * t).view(n, t, -1)
 
 
 @dataclass
@@ -387,11 +376,11 @@ class CLSMEncoder(Encoder):
         n, t, positions = padded_positions(batch.lengths)
         half = self.window // 2
         grid = torch.full((n * t,), -1, dtype=torch.long).index_copy(0, positions, batch.words.cpu())
-        grid = nn.functional.pad(grid.view(n, t), (half, half), value=-1)
+        grid = nn.functional.pad(grid.view(n, t), (half, half), value=-1).to(blocks.device)
         conv = self.bias
         for k in range(self.window):  # the word at position p + k − half, its offset-k block
             word = grid[:, k : k + t]
-            rows = torch.where(word >= 0, word * self.window + k, len(blocks) - 1).to(blocks.device)
+            rows = torch.where(word >= 0, word * self.window + k, len(blocks) - 1)
             conv = conv + blocks.index_select(0, rows.reshape(-1)).view(n, t, self.channels)
         conv = torch.tanh(conv)  # (N, T, K)
         mask = torch.arange(t, device=conv.device).unsqueeze(0) < batch.lengths.unsqueeze(1)

@@ -58,14 +58,6 @@ class _GatherRows(torch.autograd.Function):
         return grad[start : start + rows]
 
 
-def global_rows(rows: Tensor) -> tuple[Tensor, int]:
-    """(the global batch's rows, the offset of this rank's rows in it); this rank's own rows outside
-    a multi-process group. Every rank must call it with the same number of rows."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return rows, 0
-    return _GatherRows.apply(rows), dist.get_rank() * rows.shape[0]
-
-
 def click_loss(
     q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = None, across_ranks: bool = False
 ) -> Tensor:
@@ -81,7 +73,7 @@ def click_loss(
     d = F.normalize(d, dim=-1, eps=1e-8)
     scores = torch.einsum("bh,bkh->bk", q, d)  # (B, 1 + n)
     if cfg.in_batch_negatives:
-        clicked, offset = global_rows(d[:, 0]) if across_ranks else (d[:, 0], 0)
+        clicked, offset = (_GatherRows.apply(d[:, 0]), dist.get_rank() * q.shape[0]) if across_ranks else (d[:, 0], 0)
         others = q @ clicked.t()  # (B, global B): each row's own clicked title at column offset + row
         own = torch.arange(q.shape[0], device=q.device)
         others = others.index_put((own, own + offset), others.new_tensor(float("-inf")))
