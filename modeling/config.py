@@ -45,6 +45,13 @@ class OptimConfig:
     momentum_edge: float = 0.02
     clip_norm: float = 100.0  # th_G: gradients re-normalised to this global L2 norm when larger
     weight_decay: float = 0.0
+    # Word-hashing tables: rows (only the rows a batch touches, the same Nesterov updates computed
+    # lazily; modeling/tables.py) | dense (whole tables every step) | auto (rows where exact: Nesterov
+    # without weight decay or loss.l2_embeddings).
+    table_updates: str = "auto"
+
+
+TABLE_UPDATES = ("auto", "rows", "dense")
 
 
 PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr")
@@ -130,6 +137,11 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in cfg.flat().items() if before.get(k) != v]
 
 
+def rows_are_exact(cfg: TrainConfig) -> bool:
+    """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient."""
+    return cfg.optim.name == "nesterov" and cfg.optim.weight_decay == 0 and cfg.loss.l2_embeddings == 0
+
+
 def validate(cfg: TrainConfig) -> None:
     from modeling.encoders import ENCODERS  # the registry imports this module
 
@@ -142,6 +154,13 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError("model.window must be 1, 3 or 5")
     if o.name not in {"nesterov", "adam"}:
         raise DssmError(f"optim.name {o.name!r}: choose nesterov or adam")
+    if o.table_updates not in TABLE_UPDATES:
+        raise DssmError(f"optim.table_updates must be one of {', '.join(TABLE_UPDATES)}, not {o.table_updates!r}")
+    if o.table_updates == "rows" and not rows_are_exact(cfg):
+        raise DssmError(
+            "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0 and loss.l2_embeddings=0 "
+            "(they give untouched rows a gradient); use optim.table_updates=dense or auto"
+        )
     if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
         raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
     if cfg.loss.objective not in OBJECTIVES:

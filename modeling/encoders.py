@@ -11,8 +11,8 @@
   directions, summed); `avg`: the mean of the word vectors.
 - `model.dropout`: dropout on every word's input vector (all gates' W·l(t), x_t) while training.
 
-Every input projection is an `nn.EmbeddingBag(mode="sum")` over trigram ids: `W·l(t)` for all
-gates at once. Recurrent encoders can also return their per-step internals (gates, cells,
+Every input projection is a `HashingTable` (an `nn.EmbeddingBag(mode="sum")`) over trigram ids:
+`W·l(t)` for all gates at once. Recurrent encoders can also return their per-step internals (gates, cells,
 outputs), each (texts, words, ncell) in word order, for the analysis stage.
 """
 
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from modeling.config import ModelConfig
 from modeling.hashing import TextBatch
 from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
+from modeling.tables import HashingTable
 
 
 class Encoder(nn.Module):
@@ -36,12 +37,13 @@ class Encoder(nn.Module):
 
     dim: int
 
-    def token_tables(self) -> list[nn.EmbeddingBag]:
-        """The tables indexed by token id: warm-started row by row, pulled toward step 0 by λ_w."""
-        return [m for m in self.modules() if isinstance(m, nn.EmbeddingBag)]
+    def token_tables(self) -> list[HashingTable]:
+        """The tables indexed by token id: warm-started row by row, pulled toward step 0 by λ_w,
+        updated row-wise in training (modeling/tables.py)."""
+        return [m for m in self.modules() if isinstance(m, HashingTable)]
 
 
-def hashed_words(bag: nn.EmbeddingBag, batch: TextBatch) -> Tensor:
+def hashed_words(bag: HashingTable, batch: TextBatch) -> Tensor:
     """(word occurrences, dim): W·l(t) for every word of every text, each distinct word hashed once."""
     return bag(batch.ids, batch.offsets).index_select(0, batch.words)
 
@@ -128,7 +130,7 @@ class Recurrent(nn.Module):
         gates = 1 if cell == "rnn" else (4 if self.forget_gate else 3)
         self.gates = gates
         self.extra = extra  # extra input columns (GRAN's word vector x_t) computed by the same bag
-        self.bag = nn.EmbeddingBag(vocab_size, gates * cfg.ncell + extra, mode="sum")
+        self.bag = HashingTable(vocab_size, gates * cfg.ncell + extra)
         self.bias = nn.Parameter(torch.zeros(gates * cfg.ncell))
         self.w_rec = nn.Parameter(torch.empty(gates * cfg.ncell, cfg.ncell))
         self.peep = nn.Parameter(torch.zeros(3, cfg.ncell)) if self.peepholes else None
@@ -320,7 +322,7 @@ class AvgEncoder(Encoder):
 
     def __init__(self, vocab_size: int, cfg: ModelConfig):
         super().__init__()
-        self.bag = nn.EmbeddingBag(vocab_size, cfg.ncell, mode="sum")
+        self.bag = HashingTable(vocab_size, cfg.ncell)
         self.dim = cfg.ncell
         self.dropout = cfg.dropout
         nn.init.uniform_(self.bag.weight, -1 / math.sqrt(cfg.ncell), 1 / math.sqrt(cfg.ncell))
@@ -338,7 +340,7 @@ class DSSMEncoder(Encoder):
     def __init__(self, vocab_size: int, cfg: ModelConfig):
         super().__init__()
         sizes = [*cfg.hidden, cfg.out_dim]
-        self.bag = nn.EmbeddingBag(vocab_size, sizes[0], mode="sum")
+        self.bag = HashingTable(vocab_size, sizes[0])
         self.bias = nn.Parameter(torch.zeros(sizes[0]))
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=False))
         self.dim = sizes[-1]
@@ -359,7 +361,7 @@ class CLSMEncoder(Encoder):
         self.window = cfg.window
         self.channels = cfg.hidden[0]
         # One bag computes, per word, its contribution at every window offset: W_c split by offset.
-        self.bag = nn.EmbeddingBag(vocab_size, cfg.window * self.channels, mode="sum")
+        self.bag = HashingTable(vocab_size, cfg.window * self.channels)
         self.bias = nn.Parameter(torch.zeros(self.channels))
         self.semantic = nn.Linear(self.channels, cfg.out_dim)
         self.dim = cfg.out_dim

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modeling.config import OptimConfig
+from modeling.config import OptimConfig, TrainConfig, rows_are_exact
+from modeling.tables import HashingTable, TableRows, momentum_runs
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -37,3 +38,14 @@ def set_momentum(optimizer: torch.optim.Optimizer, step: int, total: int, cfg: O
         for group in optimizer.param_groups:
             group["momentum"] = mu
     return mu
+
+
+def table_rows(
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int, total: int, across_ranks: bool
+) -> TableRows | None:
+    """Row-wise updates of the model's word-hashing tables from update `step` on (None: dense)."""
+    if cfg.optim.table_updates == "dense" or not rows_are_exact(cfg):
+        return None
+    tables = [m for m in model.modules() if isinstance(m, HashingTable)]  # a shared table once
+    runs = momentum_runs(momentum_at(s, total, cfg.optim) for s in range(1, total + 1))
+    return TableRows(tables, optimizer, runs, step, across_ranks)

@@ -32,7 +32,7 @@ from modeling.config import TrainConfig, config_changes, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
-from modeling.optim import build_optimizer, set_momentum
+from modeling.optim import build_optimizer, set_momentum, table_rows
 
 log = logging.getLogger("dssm.train")
 
@@ -103,14 +103,30 @@ class Tracker:
             self.mlflow.end_run(status)
 
 
-def clip_gradients(model: torch.nn.Module, threshold: float) -> float:
-    """Algorithm 1's re-normalisation: scale all gradients to global L2 norm `threshold` when larger.
-    (clip_grad_norm_ rescales every step even by 1.0: a full pass over the embedding tables.)"""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+def clip_gradients(model: torch.nn.Module, threshold: float, row_grads: list[torch.Tensor] = ()) -> float:
+    """Algorithm 1's re-normalisation: scale all gradients (the parameters' and the tables' row
+    gradients) to global L2 norm `threshold` when larger. (clip_grad_norm_ rescales every step even
+    by 1.0: a full pass over dense table gradients.)"""
+    grads = [p.grad for p in model.parameters() if p.grad is not None] + list(row_grads)
     norm = float(torch.nn.utils.get_total_norm(grads))
     if norm > threshold:
         torch._foreach_mul_(grads, threshold / (norm + 1e-6))
     return norm
+
+
+def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:
+    """Bytes a rank sends per step in collectives of fixed size: DDP's ring all-reduce of the
+    gradients it manages (2(W−1)/W of their size) and, with in-batch negatives, the all-gather of
+    the clicked titles' vectors and its backward all-reduce. (Row-wise tables count their own.)"""
+    if d.world == 1:
+        return 0
+    ring = 2 * (d.world - 1) / d.world
+    dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    gathered = 0
+    if cfg.loss.objective == "click" and cfg.loss.in_batch_negatives:
+        rows = cfg.data.batch_size * model.dim * 4  # float32 vectors of the global batch
+        gathered = rows // d.world * (d.world - 1) + ring * rows
+    return int(ring * dense + gathered)
 
 
 def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
@@ -259,7 +275,9 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         }
 
     model, optimizer, initial, step = build_model(cfg, inputs.vocab, state, device, d)
+    rows = table_rows(model, optimizer, cfg, step, total, d.world > 1)  # before DDP, which then skips the tables
     ddp = DistributedDataParallel(model) if d.world > 1 else model
+    bytes_per_step = fixed_bytes_sent(model, cfg, d)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     tags = {
         "dataset_sha256": inputs.negatives_manifest["content_sha256"],
@@ -272,7 +290,12 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags)
     valid = validation_rows(inputs.negatives, cfg.data.max_valid_rows) if d.main else []
 
+    def catch_up() -> None:  # on every rank, at the same steps: replicas stay identical
+        if rows is not None:
+            rows.catch_up()
+
     def checkpoint(val: float | None) -> None:  # rank 0 writes, every rank waits for it
+        catch_up()
         if d.main:
             state = checkpoint_state(cfg, inputs, model, optimizer, step, total, val, tracker.run_id)
             save_checkpoint(out, state, step, cfg.keep_checkpoints)
@@ -280,6 +303,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
             dist.barrier()
 
     def validate() -> float | None:
+        catch_up()
         val = validation_loss(model, valid, batches, cfg, device) if d.main and valid else None
         if val is not None:
             tracker.metrics({"valid_loss": val}, step)
@@ -301,6 +325,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     val = None
     window_loss = torch.zeros((), device=device)
     window_steps, window_start, started, first_step = 0, time.perf_counter(), time.perf_counter(), step
+    window_sent = 0  # rows.sent_bytes at the window's start
     status = "FAILED"
     try:
         for queries, docs, weights, groups in batches.steps(step, total):
@@ -313,13 +338,15 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
             penalty = regulariser(model, initial, cfg.loss)
             optimizer.zero_grad(set_to_none=True)
             (loss if penalty is None else loss + penalty).backward()
-            norm = clip_gradients(model, cfg.optim.clip_norm)
+            norm = clip_gradients(model, cfg.optim.clip_norm, rows.gradients() if rows is not None else [])
             if not math.isfinite(norm):  # the norm is reduced over ranks: every rank stops here
                 raise DssmError(
                     f"non-finite loss/gradient at step {step} (loss {float(loss):.4g}); nothing written after "
                     f"the last checkpoint in {out}; try a smaller optim.lr or optim.clip_norm"
                 )
             optimizer.step()
+            if rows is not None:
+                rows.update()
             window_loss += loss.detach()
             window_steps += 1
             bar.update(1)
@@ -329,6 +356,10 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
                 values = {"train_loss": train_loss, "examples_per_s": rate, "momentum": mu, "grad_norm": norm}
                 if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
                     values["regulariser"] = float(penalty.detach())
+                if d.world > 1:  # what this rank sent per example it trained on
+                    sent = bytes_per_step * window_steps + (rows.sent_bytes - window_sent if rows is not None else 0)
+                    values["sent_bytes_per_example"] = sent / (window_steps * cfg.data.batch_size / d.world)
+                    window_sent = rows.sent_bytes if rows is not None else 0
                 tracker.metrics(values, step)
                 bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
                 window_loss.zero_()
@@ -343,6 +374,8 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     finally:
         bar.close()
         tracker.close(status)
+        if rows is not None:
+            rows.release()
     seconds = time.perf_counter() - started
     if d.main:
         shown = "n/a" if val is None else f"{val:.4f}"

@@ -13,7 +13,8 @@ from modeling.data import pair_weights
 from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss
-from modeling.optim import momentum_at
+from modeling.optim import momentum_at, set_momentum
+from modeling.tables import HashingTable, TableRows, momentum_runs
 
 TEXTS = ["cordless drill", "white steel ladder with 2 pack", "rug", "outdoor led lamp for home", "zzqx sink"]
 
@@ -176,6 +177,43 @@ def test_momentum_schedule_is_the_papers():
     mus = [momentum_at(s, 1000, cfg) for s in range(1, 1001)]
     assert mus[:20] == [0.9] * 20 and mus[-20:] == [0.9] * 20
     assert set(mus[20:-20]) == {0.995}
+
+
+def test_row_wise_table_updates_are_torchs_dense_nesterov_sgd():
+    """Rows a step does not read still drift with their momentum in the dense algorithm: the lazy
+    closed form must land on the same weights and buffers, across the schedule's changes of μ."""
+    cfg = OptimConfig(lr=0.02, momentum_edge=0.1, momentum=0.99, momentum_edge_value=0.5)
+    total, generator = 60, torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    dense_table, row_table = HashingTable(40, 3).double(), HashingTable(40, 3).double()  # float64: exact, not rounding
+    row_table.load_state_dict(dense_table.state_dict())
+    dense = torch.optim.SGD(dense_table.parameters(), lr=cfg.lr, momentum=0.5, nesterov=True)
+    sparse = torch.optim.SGD(row_table.parameters(), lr=cfg.lr, momentum=0.5, nesterov=True)
+    runs = momentum_runs(momentum_at(s, total, cfg) for s in range(1, total + 1))
+    assert [mu for *_, mu in runs] == [0.5, 0.99, 0.5]
+    rows = TableRows([row_table], sparse, runs, step=0, across_ranks=False)
+    target = torch.randn(2, 3, generator=generator, dtype=torch.float64)
+    for step in range(1, total + 1):
+        ids = torch.randint(0, 40 if step < 10 else 8, (6,), generator=generator)  # rows 8-39 idle after step 9
+        offsets = torch.tensor([0, 3])
+        for table, optimizer in ((dense_table, dense), (row_table, sparse)):
+            set_momentum(optimizer, step, total, cfg)
+            optimizer.zero_grad()
+            (table(ids, offsets) - target).pow(2).sum().backward()
+        rows.gradients()
+        rows.update()
+        dense.step()
+        sparse.step()  # the other parameters' optimiser: nothing of the table's
+        if step in (25, total):
+            rows.catch_up()
+            torch.testing.assert_close(row_table.weight, dense_table.weight, atol=1e-12, rtol=1e-10)
+            buffers = (
+                sparse.state[row_table.weight]["momentum_buffer"],
+                dense.state[dense_table.weight]["momentum_buffer"],
+            )
+            torch.testing.assert_close(*buffers, atol=1e-12, rtol=1e-10)
+    rows.release()
+    assert row_table.weight.requires_grad and row_table.rows is None
 
 
 def test_config_overrides_and_errors(tmp_path):

@@ -68,6 +68,27 @@ def test_golden_loss_and_validation_loss_falls(tiny_data, tmp_path):
     assert run.data.tags["dataset_sha256"] and run.info.status == "FINISHED"
 
 
+def test_row_wise_table_updates_train_the_dense_model(tiny_data, tmp_path):
+    """The default (rows) against optim.table_updates=dense through the training loop: separate
+    towers (two tables), the momentum schedule's edges, validation and checkpoints between."""
+    common = [
+        "epochs=5",
+        "optim.momentum_edge=0.1",
+        "model.shared_towers=false",
+        f"mlflow_uri=sqlite:///{tmp_path}/m.db",
+    ]
+    for mode in ("dense", "auto"):
+        train(config(tiny_data, tmp_path / mode, *common, f"optim.table_updates={mode}"))
+    a, b = read_checkpoint(tmp_path / "dense"), read_checkpoint(tmp_path / "auto")
+    assert a["step"] == b["step"] == 30
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+    for key, state in a["optimizer"]["state"].items():
+        torch.testing.assert_close(
+            b["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"], atol=1e-6, rtol=1e-5
+        )
+
+
 def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     cfg = config(tiny_data, tmp_path / "run", "data.word_dropout=0.2")
     vocab = Vocab.load(tiny_data / "vocab")
