@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (label, encoder, overrides)
 CONFIGS = {
     "lstm": ("lstm", []),
+    "lstm-dense": ("lstm", ["optim.table_updates=dense"]),  # whole tables every step (before issue 19)
     "lstm-process": ("lstm", ["data.encode_in=process"]),  # batches encoded ahead in a DataLoader worker
     "lstm-script": ("lstm", ["model.impl=script"]),
     "lstm-fg-loop": ("lstm", ["model.forget_gate=true", "model.impl=loop"]),
@@ -37,8 +38,10 @@ CONFIGS = {
     "rnn": ("rnn", []),
     "rnn-native": ("rnn", ["model.impl=native"]),
     "dssm": ("dssm", []),
+    "dssm-dense": ("dssm", ["optim.table_updates=dense"]),
     "dssm-process": ("dssm", ["data.encode_in=process"]),
     "clsm": ("clsm", []),
+    "clsm-dense": ("clsm", ["optim.table_updates=dense"]),
     "bilstm": ("bilstm", []),
     "lstm_avg": ("lstm_avg", []),
     "gran": ("gran", []),
@@ -113,12 +116,14 @@ def run(label: str, nproc: int, args: argparse.Namespace, vocab: Path, scratch: 
         run_id = runs[0].info.run_id
     rates = [m.value for m in sorted(client.get_metric_history(run_id, "examples_per_s"), key=lambda m: m.step)]
     steady = rates[1:] or rates
+    sent = [m.value for m in client.get_metric_history(run_id, "sent_bytes_per_example")]
     return {
         "config": label,
         "encoder": encoder,
         "overrides": overrides,
         "nproc": nproc,
         "examples_per_s": sum(steady) / len(steady),
+        "sent_bytes_per_example": sum(sent) / len(sent) if sent else 0.0,
         "windows": rates,
         "wall_s": time.perf_counter() - started,
     }
@@ -147,7 +152,11 @@ def main() -> None:
     for label in args.configs:
         for nproc in args.nproc:
             r = run(label, nproc, args, vocab, scratch)
-            print(f"{label:<16} nproc {nproc}: {r['examples_per_s']:8,.0f} examples/s", flush=True)
+            sent = r["sent_bytes_per_example"]
+            print(
+                f"{label:<16} nproc {nproc}: {r['examples_per_s']:8,.0f} examples/s, {sent:9,.0f} B/example sent",
+                flush=True,
+            )
             results.append(r)
     report = {
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -158,9 +167,9 @@ def main() -> None:
         "results": results,
     }
     args.out.write_text(json.dumps(report, indent=2))
-    print("\n| config | processes | examples/s |\n|---|---|---|")
+    print("\n| config | processes | examples/s | bytes sent per example |\n|---|---|---|---|")
     for r in results:
-        print(f"| {r['config']} | {r['nproc']} | {r['examples_per_s']:,.0f} |")
+        print(f"| {r['config']} | {r['nproc']} | {r['examples_per_s']:,.0f} | {r['sent_bytes_per_example']:,.0f} |")
 
 
 if __name__ == "__main__":
