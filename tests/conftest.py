@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,13 @@ def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
 
 TINY_PRODUCTS = ["drill", "hammer", "paint", "ladder", "faucet", "shovel", "mower", "lamp", "rug", "sink"]
 TINY_ATTRIBUTES = ["cordless", "steel", "white", "outdoor", "led", "small", "heavy", "brass"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n: int = 4, seed: int = 0) -> Path:

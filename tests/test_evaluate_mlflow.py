@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from conftest import tiny_model, write_judged
+from conftest import free_port, tiny_model, write_judged
 
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
@@ -28,9 +27,7 @@ from modeling.checkpoint import read_checkpoint
 def mlflow_server(tmp_path_factory):
     """A real tracking server on 127.0.0.1: sqlite backend, artifacts served from a local root."""
     root = tmp_path_factory.mktemp("mlflow-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", f"sqlite:///{root}/mlflow.db",

@@ -15,18 +15,13 @@ import urllib.request
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import free_port
 
 from core.artifacts import read_manifest
 from infra import stack
 from jobs.catalogue import DEFAULT_CATALOGUE
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> list | dict:

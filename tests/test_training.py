@@ -15,7 +15,7 @@ import mlflow
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import write_tiny_dataset
+from conftest import free_port, write_tiny_dataset
 
 from core.artifacts import write_manifest
 from core.errors import DssmError
@@ -130,6 +130,25 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path):
         [mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").get_experiment_by_name("dssm-train").experiment_id]
     )
     assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
+
+
+def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_data, tmp_path):
+    """infra/README.md's multi-node command, with two torchrun agents ("nodes", one process each)
+    meeting through the c10d rendezvous on 127.0.0.1 instead of --standalone."""
+    overrides = [*TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.5"]
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "dssm-test"]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *rendezvous]
+    node += ["-m", "modeling.train", "--workdir", str(tiny_data), *overrides, f"out={tmp_path / 'two'}"]
+    node += [f"mlflow_uri=sqlite:///{tmp_path}/two.db"]
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(node, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in "ab"]
+    logs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    train(config(tiny_data, tmp_path / "one", *overrides[len(TINY) :], f"mlflow_uri=sqlite:///{tmp_path}/one.db"))
+    a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
+    assert a["step"] == b["step"] == 8
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_a_killed_run_resumes_and_reproduces_the_loss_curve(tmp_path):
