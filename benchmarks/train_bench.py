@@ -45,6 +45,8 @@ CONFIGS = {
     "bilstm": ("bilstm", []),
     "lstm_avg": ("lstm_avg", []),
     "gran": ("gran", []),
+    "avg": ("avg", []),
+    "rnn-dense": ("rnn", ["optim.table_updates=dense"]),
 }
 
 
