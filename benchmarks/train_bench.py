@@ -32,6 +32,7 @@ CONFIGS = {
     "lstm": ("lstm", []),
     "lstm-dense": ("lstm", ["optim.table_updates=dense"]),  # whole tables every step (before issue 19)
     "lstm-process": ("lstm", ["data.encode_in=process"]),  # batches encoded ahead in a DataLoader worker
+    "lstm-1thread": ("lstm", ["threads=1"]),  # 1 process on 1 core: what each of 2 DDP ranks has
     "lstm-script": ("lstm", ["model.impl=script"]),
     "lstm-fg-loop": ("lstm", ["model.forget_gate=true", "model.impl=loop"]),
     "lstm-fg-native": ("lstm", ["model.forget_gate=true", "model.impl=native"]),

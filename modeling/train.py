@@ -276,7 +276,9 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
 
     model, optimizer, initial, step = build_model(cfg, inputs.vocab, state, device, d)
     rows = table_rows(model, optimizer, cfg, step, total, d.world > 1)  # before DDP, which then skips the tables
-    ddp = DistributedDataParallel(model) if d.world > 1 else model
+    # DDP refuses a model whose only parameters are row-wise tables (avg): TableRows syncs those
+    synced = d.world > 1 and any(p.requires_grad for p in model.parameters())
+    ddp = DistributedDataParallel(model) if synced else model
     bytes_per_step = fixed_bytes_sent(model, cfg, d)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     tags = {

@@ -115,8 +115,9 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     assert same(steps("process", start=4), steps("step", start=4))  # a resumed run
 
 
-def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path):
-    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.5"]
+@pytest.mark.parametrize("encoder", ["lstm", "avg"])  # avg: the row-wise table is its only parameter (no DDP)
+def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder):
+    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.5"]
     one = dssm_train(*common, f"out={tmp_path / 'one'}", f"mlflow_uri=sqlite:///{tmp_path}/one.db")
     assert one.returncode == 0, one.stderr
     two = dssm_train("--nproc", "2", *common, f"out={tmp_path / 'two'}", f"mlflow_uri=sqlite:///{tmp_path}/two.db")
