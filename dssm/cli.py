@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    # MLflow draws a "Downloading artifacts" bar for every small file it reads back when logging a model
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for noisy in ("py4j", "pyspark", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.

@@ -24,6 +24,7 @@ from core.errors import TransientError
 from jobs.schemas import check_parquet
 
 log = logging.getLogger(__name__)
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -58,9 +59,13 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     local = master.startswith("local")
     builder = SparkSession.builder.master(master).appName(app)
     settings = dict(DEFAULT_CONF)
-    if local and "SPARK_LOCAL_IP" not in os.environ:
-        # A local job's driver listens on loopback only, not on the machine's external interface.
-        settings |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    # Warnings and errors only, without the start-up lines of Spark's default log4j profile.
+    settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}"
+    if local:
+        # A local job's driver listens on loopback only, not on the machine's external interface (set
+        # before the JVM starts, it also spares the "hostname resolves to a loopback address" warning).
+        host = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        settings |= {"spark.driver.bindAddress": host, "spark.driver.host": host}
     settings |= conf or {}
     if "DSSM_SPARK_DRIVER_MEMORY" in os.environ:
         settings["spark.driver.memory"] = os.environ["DSSM_SPARK_DRIVER_MEMORY"]
