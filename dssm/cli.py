@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # MLflow draws a "Downloading artifacts" bar for every small file it reads back when logging a model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    for noisy in ("py4j", "pyspark", "httpx"):
+    # mlflow.store.db.utils: "Creating initial MLflow database tables..." at every new sqlite store
+    for noisy in ("py4j", "pyspark", "httpx", "mlflow.store.db.utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
