@@ -53,12 +53,18 @@ def dropped(x: Tensor, p: float, training: bool) -> Tensor:
     return nn.functional.dropout(x, p, training) if p > 0 and training else x
 
 
+def word_places(lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """For each word occurrence (texts in order, words in order; `lengths` on the CPU): its text and
+    its position within that text."""
+    text = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    return text, torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
+
+
 def padded_positions(lengths: Tensor) -> tuple[int, int, Tensor]:
     """(texts, max words, each word occurrence's row in a (texts × max words) padded grid)."""
     lengths = lengths.cpu()
     n, t = len(lengths), int(lengths.max())
-    text = torch.repeat_interleave(torch.arange(n), lengths)
-    within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
+    text, within = word_places(lengths)
     return n, t, text * t + within
 
 
@@ -92,8 +98,7 @@ def pack_words(flat: Tensor, lengths: Tensor, reverse: bool = False, word_rows: 
     rank[order] = torch.arange(n)
     sizes = batch_sizes_of(lengths[order])
     step_start = torch.tensor([0, *sizes[:-1]]).cumsum(0)
-    text = torch.repeat_interleave(torch.arange(n), lengths)
-    within = torch.arange(len(text)) - (torch.cumsum(lengths, 0) - lengths)[text]
+    text, within = word_places(lengths)
     if reverse:
         within = lengths[text] - 1 - within
     position = step_start[within] + rank[text]
