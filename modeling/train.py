@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from core.artifacts import code_fingerprint, lineage, require_manifest
 from core.errors import DssmError
 from core.layout import Layout
-from core.tracking import default_tracking_uri, experiment_id
+from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from modeling.checkpoint import LAST, newest_checkpoint, save_checkpoint, warm_start
 from modeling.config import TrainConfig, config_changes, load_config
 from modeling.data import ClickBatches, train_files, validation_rows
@@ -78,7 +78,9 @@ def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
 class Tracker:
     """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere."""
 
-    def __init__(self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str]):
+    def __init__(
+        self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str], datasets: list[tuple]
+    ):
         self.enabled = enabled
         self.run_id = run_id
         if not enabled:
@@ -93,6 +95,7 @@ class Tracker:
         if run_id is None:
             mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})
             mlflow.set_tags(tags)
+            log_datasets(cfg.mlflow_uri, self.run_id, datasets)
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         if self.enabled:
@@ -289,7 +292,13 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
         "device": device.type,
         "code_version": inputs.code[:16],
     } | ({"dataset": cfg.dataset} if cfg.dataset else {})
-    tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags)
+    negatives_sha = inputs.negatives_manifest["content_sha256"]
+    datasets = [
+        ("negatives/train", str(inputs.negatives / "train"), negatives_sha, "training"),
+        ("negatives/valid", str(inputs.negatives / "valid"), negatives_sha, "validation"),
+        ("vocab", cfg.data.vocab, inputs.vocab.sha256, "vocabulary"),
+    ]
+    tracker = Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags, datasets)
     valid = validation_rows(inputs.negatives, cfg.data.max_valid_rows) if d.main else []
 
     def catch_up() -> None:  # on every rank, at the same steps: replicas stay identical
