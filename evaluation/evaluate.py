@@ -15,7 +15,7 @@ from typing import Any
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
 from core.text import is_test_query
-from core.tracking import default_tracking_uri, experiment_id
+from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -75,7 +75,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results)
+        datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
+        if cfg.hybrid_dev is not None:
+            dev = _inputs(cfg, uri)[0]["hybrid_dev"]
+            datasets.append(("hybrid_dev", dev["path"], dev["sha256"], "tuning"))
+        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets)
         try:
             report = write_report(tmp, eval_set, results, threshold, run_ids)
             # The gate logs the report files from the temp dir: the output is published after it.
@@ -175,9 +179,15 @@ def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
 
 
 def _start_runs(
-    uri: str, experiment: str, eval_set: EvalSet, systems: list[System], results: list[SystemResult]
+    uri: str,
+    experiment: str,
+    eval_set: EvalSet,
+    systems: list[System],
+    results: list[SystemResult],
+    datasets: list[tuple[str, str, str, str]],
 ) -> dict[str, str]:
-    """One finished-later run per system with its tags, params and metrics; returns run ids by system."""
+    """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
+    set; for a hybrid also the dev queries its weight was fit on); returns run ids by system."""
     import mlflow
 
     client = mlflow.MlflowClient(uri)
@@ -186,6 +196,7 @@ def _start_runs(
     for system, result in zip(systems, results, strict=True):
         run = client.create_run(exp, run_name=system.name, tags=_tags(eval_set, system))
         ids[system.name] = run.info.run_id
+        log_datasets(uri, run.info.run_id, datasets if system.kind == "hybrid" else datasets[:1])
         for key, value in list(system.params.items())[:100]:
             client.log_param(run.info.run_id, key, str(value)[:500])
         metrics = {f"ndcg_at_{k}": result.mean(f"ndcg@{k}") for k in CUTOFFS}
@@ -201,7 +212,7 @@ def _finish_runs(
     """Attach the report to every run; log, register and gate the trained models; end the runs."""
     import mlflow
 
-    from evaluation.registry import champion_gate, log_model
+    from evaluation.registry import champion_gate, log_model, plot_gate_history
 
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient(uri)
@@ -220,12 +231,23 @@ def _finish_runs(
                 if version is not None:
                     ndcg10 = report["systems"][system.name]["ndcg@10"]
                     decision = champion_gate(
-                        client, registered, version, ndcg10, eval_key(eval_set), lambda u: _score_uri(u, eval_set)
+                        client,
+                        registered,
+                        version,
+                        ndcg10,
+                        eval_key(eval_set),
+                        lambda u: _score_uri(u, eval_set),
+                        system.name,
                     )
                     mlflow.set_tags({"registered_model": registered, "registered_version": version})
                     mlflow.set_tag("champion_gate", decision.reason)
                     log.info("%s v%s: %s", registered, version, decision.reason)
                     gates.append({"system": system.name, "model": registered, **decision.as_dict()})
+    if gates:  # after every gate of this evaluation: the plot shows where the alias ended
+        history = plot_gate_history(client, gates[0]["model"], eval_key(eval_set), out / "gate-history.png")
+        for system in systems:
+            if history and any(g["system"] == system.name for g in gates):
+                client.log_artifact(run_ids[system.name], str(history))
     return gates
 
 

@@ -103,18 +103,18 @@ def log_model(
             code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation")],
             signature=SIGNATURE,
             input_example=pd.DataFrame({"query": ["cordless drill"], "title": ["dewalt 20-volt cordless drill kit"]}),
-            pip_requirements=_requirements(),
+            pip_requirements=pinned_requirements(),
             registered_model_name=registered_name,
         )
     version = str(info.registered_model_version) if registered_name and info.registered_model_version else None
     return info.model_uri, version
 
 
-def _requirements() -> list[str]:
+def pinned_requirements(*extra: str) -> list[str]:
     """Pinned from this environment, so MLflow does not spend a subprocess inferring them."""
     from importlib.metadata import version
 
-    pins = [f"{p}=={version(p)}" for p in ("numpy", "pandas", "pyarrow", "scipy", "mlflow")]
+    pins = [f"{p}=={version(p)}" for p in ("numpy", "pandas", "pyarrow", "scipy", "mlflow", *extra)]
     return [f"torch=={torch.__version__.split('+')[0]}", *pins]
 
 
@@ -138,6 +138,7 @@ def champion_gate(
     ndcg10: float,
     eval_key: str,
     score_champion: Callable[[str], float],
+    system: str = "",
 ) -> GateDecision:
     """Move `champion` to `version` iff its NDCG@10 beats the champion's on the same eval set.
 
@@ -145,6 +146,8 @@ def champion_gate(
     eval set is scored now with `score_champion(models:/name@champion)`."""
     tag = f"ndcg_at_10.{eval_key}"
     client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
+    if system:
+        client.set_model_version_tag(name, version, "system", system)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
@@ -166,3 +169,47 @@ def champion_gate(
         return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
     reason = f"NDCG@10 {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
     return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)
+
+
+def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, path: Path) -> Path | None:
+    """NDCG@10 of every version of `name` measured on this eval set, by version, champion starred:
+    a scheduled retrain's history at a glance. None when no version was measured here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tag = f"ndcg_at_10.{eval_key}"
+    versions = [v for v in client.search_model_versions(f"name='{name}'") if tag in v.tags]
+    if not versions:
+        return None
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION).version
+    except MlflowException:
+        champion = None
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(versions) + 3), 3.6))
+    by_system: dict[str, list[tuple[int, float]]] = {}
+    for v in versions:
+        by_system.setdefault(v.tags.get("system", "?"), []).append((int(v.version), float(v.tags[tag])))
+    for system, points in sorted(by_system.items()):
+        points.sort()
+        ax.plot(*zip(*points, strict=True), marker="o", linestyle="-", label=system)
+    for v in versions:
+        if v.version == champion:
+            ax.plot(int(v.version), float(v.tags[tag]), marker="*", markersize=16, color="gold", mec="black")
+            ax.annotate(
+                f"champion v{v.version}",
+                (int(v.version), float(v.tags[tag])),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize=8,
+            )
+    ax.set_xlabel("registered version")
+    ax.set_ylabel("NDCG@10")
+    ax.set_title(f"{name}: NDCG@10 on eval set {eval_key[:8]} by version", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -74,7 +74,7 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     assert report["eval_pairs"] == 6 * report["eval_queries"]
     lstm = report["systems"]["lstm"]
     assert lstm["ndcg@10"] > 80  # the product word decides relevance here (random order: ~65)
-    for name in ("report.json", "report.md", "ndcg.png", "qrels.txt", "runs/lstm.run"):
+    for name in ("report.json", "report.md", "ndcg.png", "qrels.txt", "runs/lstm.run", "gate-history.png"):
         assert (tmp_path / "r1" / name).is_file()
 
     client = mlflow.MlflowClient(mlflow_server)
@@ -85,7 +85,9 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     assert run.data.metrics["ndcg_at_10"] == pytest.approx(lstm["ndcg@10"], abs=1e-3)
     assert client.get_experiment(run.info.experiment_id).name == "tiny"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"report.json", "report.md", "ndcg.png", "runs"} <= artifacts
+    assert {"report.json", "report.md", "ndcg.png", "runs", "gate-history.png"} <= artifacts
+    judged_input = [(i.dataset.name, i.dataset.digest) for i in run.inputs.dataset_inputs]
+    assert judged_input == [("tiny", report["dataset_sha256"][:32])]  # mlflow.log_input: filter runs by data
     bm25_run = client.get_run(report["systems"]["bm25"]["mlflow_run_id"])
     assert bm25_run.data.tags["kind"] == "baseline" and bm25_run.data.params["k1"] == "1.2"
     assert report["gate"][0]["promoted"] and report["gate"][0]["reason"] == "no champion yet"
