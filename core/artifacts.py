@@ -34,7 +34,7 @@ from core.errors import DssmError
 
 MANIFEST = "manifest.json"
 # The packages whose source makes up the product; tests, docs and benchmarks are not among them.
-PROJECT_PACKAGES = ("core", "jobs", "modeling", "evaluation", "analysis", "flows", "infra", "dssm")
+PROJECT_PACKAGES = ("core", "jobs", "modeling", "evaluation", "analysis", "retrieval", "flows", "infra", "dssm")
 FAULT_ENV = "DSSM_FAULT_BEFORE_PUBLISH"  # fault injection: SIGKILL a stage between write and rename
 _HASH_CHUNK = 1 << 20
 log = logging.getLogger(__name__)

@@ -38,6 +38,10 @@ class Layout:
         return self.workdir / "eval"
 
     @property
+    def index(self) -> Path:
+        return self.workdir / "index"
+
+    @property
     def analysis(self) -> Path:
         return self.workdir / "analysis"
 

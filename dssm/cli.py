@@ -81,6 +81,19 @@ COMMANDS: dict[str, Command] = {
         "the gold scores, per dataset and per year, as Wieting & Gimpel's tables do. Writes OUT/sts.json and "
         "sts.md; every system is an MLflow run in --experiment. See docs/paraphrase.md.",
     ),
+    "index": Command(
+        "retrieval.index",
+        "embed a catalogue's titles with a registered model (Spark, mlflow spark_udf) and build an ANN index",
+        "Embed every title of a catalogue (a `dssm clean` title pool, or Parquet/CSV with a `title` column) with "
+        "an MLflow model through mlflow.pyfunc.spark_udf, build a faiss index of the vectors, and log the index "
+        "as the model version's pyfunc `retriever` (registered as NAME-retriever). See docs/retrieval.md.",
+    ),
+    "search": Command(
+        "retrieval.search",
+        "the top k titles of the whole catalogue for a query, from an index",
+        "Answer queries from a `dssm index` output (default: WORKDIR/index, the champion's after `dssm run`) or "
+        "from MLflow (--model). See docs/retrieval.md.",
+    ),
     "analyze": Command(
         "analysis.report",
         "what a trained LSTM-RNN reads: gates and cells per word, keywords, topics, RNN vs LSTM, cost curves",
@@ -155,6 +168,16 @@ def _encoders() -> str:
     return ", ".join(ENCODERS)
 
 
+class _Unactionable(logging.Filter):
+    """MLflow notices about choices this project made on purpose: a PythonModel object (not models
+    from code), the input example's check, and spark_udf in the current environment."""
+
+    NOTICES = ("Passing a Python object as `python_model`", "Validating input example", "Calling `spark_udf()`")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOTICES)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
@@ -166,8 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow draws a "Downloading artifacts" bar for every small file it reads back when logging a model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # mlflow.store.db.utils: "Creating initial MLflow database tables..." at every new sqlite store
-    for noisy in ("py4j", "pyspark", "httpx", "mlflow.store.db.utils"):
+    for noisy in ("py4j", "pyspark", "httpx", "mlflow.store.db.utils", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Prefect's "Task run 'clean-e9e' - Finished in state Completed()": each stage prints its own line
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.models.flavor_backend_registry").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.pyfunc").addFilter(_Unactionable())
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
     try:

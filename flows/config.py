@@ -20,6 +20,7 @@ from jobs.clean import CleanConfig
 from jobs.negatives import NegativesConfig
 from jobs.simulate import SimulationConfig
 from jobs.vocab import VocabConfig
+from retrieval.index import IndexConfig
 
 
 @dataclass
@@ -53,6 +54,8 @@ class RunConfig:
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     train: TrainSection = field(default_factory=TrainSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    index_champion: bool = True  # after the gate, `dssm index` the champion over the title pool (dssm search)
+    index: IndexConfig = field(default_factory=IndexConfig)
     analyze: bool = True  # `dssm analyze` the trained recurrent model as the last stage
     mlflow_uri: str = ""  # default: $MLFLOW_TRACKING_URI, else sqlite WORKDIR/mlflow.db
     spark_master: str = ""  # default: $DSSM_SPARK_MASTER, else local[*]
@@ -130,12 +133,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-analyze", dest="analyze", action="store_false", default=argparse.SUPPRESS, help="skip the analyze stage"
     )
+    g.add_argument(
+        "--no-index",
+        dest="index_champion",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="skip the index stage (the champion's ANN index)",
+    )
     g.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help="recompute every stage")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config of `dssm run`/`dssm schedule`: only the flags actually given take part."""
-    keys = {key for _, key, _, _ in _FLAGS} | {"analyze", "force"}
+    keys = {key for _, key, _, _ in _FLAGS} | {"analyze", "index_champion", "force"}
     options: dict[str, Any] = {}
     for key in keys & set(vars(args)):
         node = options
@@ -158,6 +168,10 @@ def validate(cfg: RunConfig) -> None:
     from evaluation.systems import parse_baselines
 
     parse_baselines(",".join(cfg.evaluate.baselines))
+    from retrieval.index import KINDS
+
+    if cfg.index.kind not in KINDS:
+        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.index.kind!r}")
     if cfg.simulate.impressions < 1:
         raise DssmError(f"simulate.impressions must be positive, got {cfg.simulate.impressions}")
     if cfg.train.nproc < 0 or cfg.train.epochs < 0:

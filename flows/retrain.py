@@ -59,11 +59,13 @@ vocab_task = task(stages.vocab_stage, name="vocab", **_RETRIED)
 negatives_task = task(stages.negatives_stage, name="negatives", **_RETRIED)
 train_task = task(stages.train_stage, name="train", **_ONCE)  # no retry: a rerun resumes from the checkpoint
 evaluate_task = task(stages.evaluate_stage, name="evaluate", **_RETRIED)
+index_task = task(stages.index_stage, name="index", **_RETRIED)
 analyze_task = task(stages.analyze_stage, name="analyze", **_ONCE)
 
 
 @flow(
-    name="retrain", description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate, analyze"
+    name="retrain",
+    description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate, index, analyze",
 )
 def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a typed default the UI shows)
     """The whole pipeline into `config.workdir`; returns the run summary also written to WORKDIR/report.json.
@@ -73,6 +75,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
+    from evaluation.registry import CHAMPION
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     cfg = config
@@ -93,7 +96,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     evaluate = bool(cfg.judgments.path) or logs is None
     done: list[dict] = []
 
-    stage_count = 4 + len(per_model) + (logs is None) + evaluate + (evaluate and cfg.analyze)
+    indexed = evaluate and cfg.index_champion
+    stage_count = 4 + len(per_model) + (logs is None) + evaluate + indexed + (evaluate and cfg.analyze)
     bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
     def finished(out: stages.StageOutput) -> dict:
@@ -122,6 +126,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 layout, checkpoints, judged, cfg.evaluate, negatives["path"], mlflow_uri, cfg.force
             )
             finished(stage)
+            if indexed:
+                champion = f"models:/dssm-{judged.name}@{CHAMPION}"
+                finished(index_task(layout, cleaned["path"], champion, cfg.index, mlflow_uri, master, cfg.force))
             if cfg.analyze:
                 analysed = analyze_task(layout, checkpoints, judged, cfg.force)
                 if analysed:
@@ -193,3 +200,5 @@ def command(args) -> None:
         decision = "promoted" if gate["promoted"] else "kept"
         print(f"  {gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
     print(f"report: {layout.report}")
+    if any(out["stage"] == "index" for out in summary["pipeline"]["stages"]):
+        print(f'search the champion\'s index: dssm search --workdir {cfg.workdir} "cordless drill"')

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from jobs.negatives import NegativesConfig
     from jobs.simulate import SimulationConfig
     from jobs.vocab import VocabConfig
+    from retrieval.index import IndexConfig
 
 log = logging.getLogger("dssm.flow")
 
@@ -223,6 +224,20 @@ def evaluate_stage(
     report = reports[0]
     stage.counts = {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}
     return stage, report
+
+
+def index_stage(
+    layout: Layout, clean_dir: str, model_uri: str, cfg: IndexConfig, mlflow_uri: str, master: str | None, force: bool
+) -> StageOutput:
+    """`dssm index` of `model_uri` (the champion) over the clean stage's title pool, logged as its retriever."""
+    from jobs.spark import LazySpark
+    from retrieval.index import index
+
+    out = layout.index
+    spark = LazySpark(master, "dssm-run")
+    return run_data_stage(
+        "index", model_uri, out, lambda: index(spark, model_uri, Path(clean_dir), out, mlflow_uri, cfg, True, force)
+    )
 
 
 def analyze_stage(layout: Layout, checkpoints: list[str], judged: JudgedSet, force: bool) -> StageOutput | None:

@@ -254,7 +254,7 @@ def damaged_input(source: Path) -> str | None:
 def timed(step: str) -> Iterator[None]:
     started = time.perf_counter()
     yield
-    log.info("clean: %s took %.1fs", step, time.perf_counter() - started)
+    log.debug("clean: %s took %.1fs", step, time.perf_counter() - started)  # `dssm -v` shows the steps
 
 
 def _top(counts: dict[str, int]) -> str:

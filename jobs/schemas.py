@@ -72,6 +72,14 @@ NEGATIVES = pa.schema(
     ]
 )
 
+EMBEDDINGS = pa.schema(
+    [
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("embedding", pa.list_(pa.field("element", pa.float32(), nullable=False)), nullable=False),
+        pa.field("model_version", pa.string(), nullable=False),  # NAME/VERSION of the registered model
+    ]
+)
+
 
 def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType
     """The Spark StructType with the same names, types and nullability."""
@@ -86,6 +94,8 @@ def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType
             return T.IntegerType()
         if pa.types.is_float64(dtype):
             return T.DoubleType()
+        if pa.types.is_float32(dtype):
+            return T.FloatType()
         if pa.types.is_list(dtype):
             return T.ArrayType(convert(dtype.value_type), containsNull=True)  # Spark cannot cast to False
         raise TypeError(f"no Spark type for {dtype}")

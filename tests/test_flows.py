@@ -85,7 +85,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     summary = json.loads((work / "report.json").read_text())
     assert set(summary["systems"]) == {"bm25", "lstm", "lstm+bm25"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
     stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
-    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "analyze"]
+    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "index", "analyze"]
     assert all(stages[s]["skipped"] for s in ["simulate", "clean", "vocab", "negatives"])
     planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
     assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
@@ -110,6 +110,15 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     champion = "2" if gates["lstm+bm25"]["promoted"] else "1"
     alias = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion")
     assert str(alias.version) == champion
+    # the index stage embedded the title pool with the champion; `dssm search` answers from it
+    index_model = json.loads((work / "index" / "model.json").read_text())
+    assert (
+        index_model["version"] == champion
+        and stages["index"]["counts"]["titles"] == stages["clean"]["counts"]["titles"]
+    )
+    assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue-retriever", "champion")
+    assert main(["search", "cordless drill", "-k", "3", "--workdir", str(work)]) == 0
+    assert f"dssm-default-catalogue v{champion}" in capsys.readouterr().out
     # the analyze stage's report is an artifact of the training run
     assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
@@ -133,7 +142,10 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     real = core.artifacts.module_sha256
     monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "jobs.negatives" else real(m))
     assert main(args) == 0
-    assert skipped_stages() == {
+    skipped = skipped_stages()
+    now = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version
+    assert skipped.pop("index") == (str(now) == champion)  # the index is rebuilt only for a new champion
+    assert skipped == {
         "simulate": True,
         "clean": True,
         "vocab": True,

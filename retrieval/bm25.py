@@ -1,0 +1,40 @@
+"""BM25 retrieval over a whole catalogue with bm25s (sparse matrices), PROTOCOL.md's BM25 settings.
+
+bm25s's `lucene` method is evaluation/lexical.py's BM25 (k1 1.2, b 0.75, IDF log(1 + (N - df + 0.5) /
+(df + 0.5)), whitespace tokens of norm) divided by (k1 + 1), a constant per pair: rankings are the
+same, and on Home Depot it reproduces PROTOCOL.md §7's BM25 row exactly (tests/test_retrieval.py).
+The hand-written scorer stays for re-ranking and inside hybrids, whose saved fusion weight is on its scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.text import words
+
+
+class CatalogueBM25:
+    """Every title indexed once; `search` ranks the whole catalogue for each query."""
+
+    def __init__(self, titles: list[str], k1: float = 1.2, b: float = 0.75):
+        import bm25s
+
+        self.titles = titles
+        self.k1 = k1
+        self.index = bm25s.BM25(k1=k1, b=b, method="lucene")
+        self.index.index([words(t) for t in titles], show_progress=False)
+
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25 score of every title for `query`, on evaluation/lexical.py's scale."""
+        tokens = [w for w in words(query) if w in self.index.vocab_dict]
+        if not tokens:
+            return np.zeros(len(self.titles), dtype=np.float32)
+        return self.index.get_scores(tokens) * (self.k1 + 1)
+
+    def search(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(title ids, scores) of the top k titles, best first; ties by title id."""
+        scores = self.scores(query)
+        k = min(k, len(scores))
+        top = np.argpartition(-scores, k - 1)[:k]
+        order = np.lexsort((top, -scores[top]))
+        return top[order], scores[top][order]

@@ -1,0 +1,299 @@
+"""`dssm index`: embed every title of a catalogue with a registered model and build its ANN index.
+
+The titles are embedded on Spark with `mlflow.pyfunc.spark_udf` (MLflow's own batch inference: each
+executor loads the model once, and the job runs unchanged on a cluster) into `embeddings/`; the
+driver then builds a faiss index of the unit vectors (`titles.faiss`) and copies the model's
+checkpoint into `model/`, so the directory answers queries on its own (retrieval/retriever.py).
+With a tracking store, the directory is logged as the pyfunc `retriever` in the model version's
+run, registered as NAME-retriever with the version's aliases, and the version is tagged with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from core.artifacts import code_fingerprint, content_sha256, publish, read_manifest
+from core.errors import DssmError
+from jobs.schemas import EMBEDDINGS
+from retrieval.retriever import INDEX_FILE, log_retriever, unit_rows
+
+log = logging.getLogger(__name__)
+KINDS = ("auto", "flat", "hnsw")
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    kind: str = "auto"  # flat: exact; hnsw: graph ANN; auto: flat up to flat_max titles, else hnsw
+    flat_max: int = 200_000  # an exact search of 200k 96-d vectors is ~10 ms per query on one core
+    hnsw_m: int = 32  # graph degree: recall and memory grow with it
+    ef_construction: int = 80
+    ef_search: int = 128  # candidates kept per query search: recall against latency
+    rows_per_file: int = 100_000
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registered model version (or a run's model) and where its files come from."""
+
+    uri: str
+    name: str
+    version: str
+    run_id: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.version}" if self.name else self.uri
+
+
+def resolve_model(uri: str, tracking_uri: str) -> ModelRef:
+    """models:/NAME@ALIAS or models:/NAME/VERSION as the version it names now; runs:/ URIs as they are."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if not uri.startswith("models:/"):
+        return ModelRef(uri, "", "", uri.split("/")[1] if uri.startswith("runs:/") else "")
+    client = mlflow.MlflowClient(tracking_uri)
+    rest = uri[len("models:/") :]
+    try:
+        if "@" in rest:
+            name, alias = rest.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        else:
+            name, version = rest.split("/", 1)
+            mv = client.get_model_version(name, version)
+    except (MlflowException, ValueError) as e:
+        raise DssmError(f"--model {uri}: no such registered model version in {tracking_uri} ({e})") from None
+    return ModelRef(f"models:/{mv.name}/{mv.version}", mv.name, str(mv.version), mv.run_id)
+
+
+def catalogue_titles(spark, source: Path):
+    """A DataFrame of distinct, non-empty titles: a `dssm clean` output (its titles/), or a Parquet
+    or CSV file or directory with a `title` column (normalised here as clean does)."""
+    from pyspark.sql import functions as F
+
+    source = Path(source)
+    if (source / "titles").is_dir() and (read_manifest(source) or {}).get("stage") == "clean":
+        df = spark.read.parquet(str(source / "titles"))
+    elif source.suffix == ".csv":
+        df = spark.read.option("header", True).option("multiLine", True).option("escape", '"').csv(str(source))
+    elif source.exists():
+        df = spark.read.parquet(str(source))
+    else:
+        raise DssmError(f"--titles {source}: not found")
+    if "title" not in df.columns:
+        raise DssmError(f"--titles {source}: no `title` column (columns: {', '.join(df.columns)})")
+    title = F.lower(F.trim(F.regexp_replace(F.col("title"), r"\s+", " ")))  # core.text.norm
+    return df.select(title.alias("title")).where(F.col("title") != "").distinct()
+
+
+def build_faiss(vectors, cfg: IndexConfig):
+    """The faiss index of unit `vectors` (row i = id i): exact inner product, or HNSW over it."""
+    import faiss
+
+    n, dim = vectors.shape
+    kind = cfg.kind if cfg.kind != "auto" else ("flat" if n <= cfg.flat_max else "hnsw")
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    else:
+        index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = cfg.ef_construction
+        index.hnsw.efSearch = cfg.ef_search
+    index.add(unit_rows(vectors))
+    return index, kind
+
+
+def read_vectors(embeddings: Path):
+    """The embeddings' vectors as one float32 matrix, in index order."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    blocks = []
+    for part in sorted(embeddings.glob("part-*.parquet")):
+        column = pq.read_table(part, columns=["embedding"]).column("embedding").combine_chunks()
+        blocks.append(column.flatten().to_numpy().reshape(len(column), -1))
+    return np.concatenate(blocks).astype(np.float32, copy=False)
+
+
+def copy_model_files(model: ModelRef, dest: Path) -> None:
+    """The model's checkpoint (and a hybrid's fusion.json) into dest, so the index serves on its own."""
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(model.uri))
+    dest.mkdir()
+    found = {p.name: p for p in local.rglob("*") if p.name in ("model.pt", "fusion.json")}
+    if "model.pt" not in found:
+        raise DssmError(f"{model.uri}: not a dssm two-tower model (no model.pt among its artifacts)")
+    for path in found.values():
+        shutil.copy2(path, dest / path.name)
+
+
+def index(
+    spark,
+    model_uri: str,
+    titles: Path,
+    out: Path,
+    tracking_uri: str,
+    cfg: IndexConfig = IndexConfig(),
+    register: bool = True,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Embed the catalogue with the model, build the index into `out` and (with `register`) log it;
+    skipped when the model version, the titles and the settings are those of the index already there."""
+    import mlflow
+    from pyspark.sql import functions as F
+
+    from jobs.spark import cluster_errors, stable_layout, write_parquet
+
+    if cfg.kind not in KINDS:
+        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
+    model = resolve_model(model_uri, tracking_uri)
+    titles = Path(titles)
+    inputs = {
+        "model": {"path": model.uri, "sha256": f"{model.label}:{model.run_id}"},
+        "titles": {
+            "path": str(titles),
+            "sha256": (titles.is_dir() and read_manifest(titles) or {}).get("content_sha256") or content_sha256(titles),
+        },
+    }
+
+    def build(tmp: Path) -> dict[str, Any]:
+        started = time.perf_counter()
+        embed = mlflow.pyfunc.spark_udf(
+            spark,
+            model.uri,
+            result_type="embedding array<float>",
+            env_manager="local",
+            params={"output": "title_embedding"},
+        )
+        df = catalogue_titles(spark, titles)
+        rows = df.count()
+        if rows == 0:
+            raise DssmError(f"--titles {titles}: no titles")
+        df = stable_layout(df, rows, cfg.rows_per_file, "title")
+        df = df.select(
+            "title", embed(F.struct("title")).embedding.alias("embedding"), F.lit(model.label).alias("model_version")
+        )
+        write_parquet(df, tmp / "embeddings", EMBEDDINGS)
+        embed_seconds = time.perf_counter() - started
+        vectors = read_vectors(tmp / "embeddings")
+        import faiss
+
+        started = time.perf_counter()
+        built, kind = build_faiss(vectors, cfg)
+        build_seconds = time.perf_counter() - started
+        faiss.write_index(built, str(tmp / INDEX_FILE))
+        copy_model_files(model, tmp / "model")
+        (tmp / "model.json").write_text(json.dumps(asdict(model), indent=2) + "\n")
+        counts = {
+            "titles": rows,
+            "dim": int(vectors.shape[1]),
+            "kind": kind,
+            "embed_seconds": round(embed_seconds, 2),
+            "build_seconds": round(build_seconds, 3),
+            "index_bytes": (tmp / INDEX_FILE).stat().st_size,
+        }
+        log.info(
+            "index: %s titles x %d dims embedded in %.1fs, %s index built in %.2fs (%.1f MB)",
+            f"{rows:,}",
+            counts["dim"],
+            embed_seconds,
+            kind,
+            build_seconds,
+            counts["index_bytes"] / 1e6,
+        )
+        return {"counts": counts, "model": asdict(model)}
+
+    with cluster_errors():
+        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
+    if register and model.name and not manifest["skipped"]:
+        manifest["retriever"] = register_index(out, model, tracking_uri, manifest)
+    return manifest
+
+
+def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """Log the index as the pyfunc `retriever` in the model version's run, register it as
+    NAME-retriever with the version's aliases, and tag the version with where it went."""
+    import mlflow
+
+    from core.tracking import log_datasets
+
+    client = mlflow.MlflowClient(tracking_uri)
+    retriever_name = f"{model.name}-retriever"
+    with mlflow.start_run(run_id=model.run_id):
+        uri, version = log_retriever(out, retriever_name)
+        mlflow.log_metrics({f"index_{k}": v for k, v in manifest["counts"].items() if isinstance(v, int | float)})
+    titles = manifest["inputs"]["titles"]
+    log_datasets(tracking_uri, model.run_id, [("catalogue", titles["path"], titles["sha256"], "catalogue")])
+    for alias in client.get_model_version(model.name, model.version).aliases:
+        client.set_registered_model_alias(retriever_name, alias, version)
+    tags = {"retriever_uri": uri, "retriever_version": f"{retriever_name}/{version}"}
+    tags |= {f"index.{k}": str(v) for k, v in manifest["counts"].items()}
+    for key, value in tags.items():
+        client.set_model_version_tag(model.name, model.version, key, value)
+    client.set_model_version_tag(retriever_name, version, "model_version", model.label)
+    log.info("index: logged as %s, registered %s v%s", uri, retriever_name, version)
+    return {"uri": uri, "name": retriever_name, "version": version}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm index`'s options."""
+    from jobs.spark import add_spark_options
+
+    d = IndexConfig()
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="URI",
+        help="the model to embed with: models:/NAME@champion, models:/NAME/VERSION or runs:/ID/model",
+    )
+    p.add_argument(
+        "--titles",
+        type=Path,
+        required=True,
+        help="the catalogue: a `dssm clean` output (its title pool) or Parquet/CSV with a `title` column",
+    )
+    p.add_argument("--out", type=Path, required=True, help="index directory (replaced atomically)")
+    p.add_argument(
+        "--mlflow-uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<parent of --out>/mlflow.db)"
+    )
+    p.add_argument(
+        "--kind",
+        choices=KINDS,
+        default=d.kind,
+        help=f"flat (exact), hnsw (graph ANN) or auto: flat up to {d.flat_max:,} titles (default: auto)",
+    )
+    p.add_argument("--hnsw-m", type=int, default=d.hnsw_m, help="HNSW graph degree (default: %(default)s)")
+    p.add_argument("--ef-construction", type=int, default=d.ef_construction, help="(default: %(default)s)")
+    p.add_argument("--ef-search", type=int, default=d.ef_search, help="(default: %(default)s)")
+    p.add_argument(
+        "--no-register",
+        dest="register",
+        action="store_false",
+        help="do not log the index to MLflow as the version's `retriever`",
+    )
+    add_spark_options(p)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm index`."""
+    from core.tracking import default_tracking_uri
+    from jobs.spark import LazySpark
+
+    cfg = IndexConfig(args.kind, IndexConfig.flat_max, args.hnsw_m, args.ef_construction, args.ef_search)
+    uri = args.mlflow_uri or default_tracking_uri(Path(args.out).resolve().parent)
+    m = index(
+        LazySpark(args.master, "dssm-index"), args.model, args.titles, args.out, uri, cfg, args.register, args.force
+    )
+    c = m["counts"]
+    state = "up to date" if m["skipped"] else f"built in {c['build_seconds']:.2f}s"
+    print(f"{c['titles']:,} titles x {c['dim']} ({c['kind']}, {c['index_bytes'] / 1e6:.1f} MB) {state} -> {args.out}")
+    if "retriever" in m:
+        print(f"retriever: {m['retriever']['uri']} (registered {m['retriever']['name']} v{m['retriever']['version']})")

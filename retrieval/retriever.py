@@ -1,0 +1,153 @@
+"""Answer a query from the whole catalogue: the query tower's vector against a `dssm index` output.
+
+An index directory is self-contained (retrieval/index.py writes it): `titles.faiss` (unit title
+vectors, inner product = cosine), `embeddings/` (the titles in index order), and `model/` (the slim
+checkpoint, plus `fusion.json` when the indexed model is a hybrid). A hybrid re-scores the index's
+top `rerank` candidates with cos + w·BM25 and returns the best k of them: BM25 never adds a
+candidate the vectors did not find (docs/retrieval.md).
+
+`RetrieverModel` is the same as an MLflow pyfunc (the `retriever` model logged beside each indexed
+model version): a DataFrame with a `query` column in, one row per (query, rank) out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+from core.errors import DssmError
+
+INDEX_FILE = "titles.faiss"
+RERANK = 100  # candidates a hybrid re-scores per query
+SIGNATURE = ModelSignature(
+    inputs=Schema([ColSpec("string", "query")]),
+    outputs=Schema(
+        [ColSpec("string", "query"), ColSpec("long", "rank"), ColSpec("string", "title"), ColSpec("double", "score")]
+    ),
+    params=ParamSchema([ParamSpec("k", "long", 10)]),
+)
+
+
+@dataclass(frozen=True)
+class Hit:
+    rank: int
+    title: str
+    score: float
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """float32 rows scaled to length 1 (an all-zero row stays zero), so inner product is cosine."""
+    v = np.ascontiguousarray(vectors, dtype=np.float32)
+    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def read_titles(index_dir: Path) -> list[str]:
+    """The titles of an index, in index order (the embeddings' part files in name order)."""
+    import pyarrow.parquet as pq
+
+    parts = sorted((Path(index_dir) / "embeddings").glob("part-*.parquet"))
+    return [t for p in parts for t in pq.read_table(p, columns=["title"]).column("title").to_pylist()]
+
+
+class Retriever:
+    """An index, its titles and the model's query tower (and a hybrid's BM25 and weight); `search`
+    answers in milliseconds. `Retriever.load(dir)` reads a `dssm index` output."""
+
+    def __init__(self, index, titles: list[str], embedder, fusion: dict[str, Any] | None = None, model=None):
+        from evaluation.lexical import BM25
+
+        if len(titles) != index.ntotal:
+            raise DssmError(f"{len(titles)} titles but {index.ntotal} vectors in the index")
+        self.index, self.titles, self.embedder, self.model = index, titles, embedder, model or {}
+        self.bm25 = BM25.from_dict(fusion["bm25"]) if fusion else None
+        self.weight = fusion["weight"] if fusion else 0.0
+
+    @classmethod
+    def load(cls, index_dir: Path | str, ef_search: int | None = None) -> Retriever:
+        import faiss
+
+        from evaluation.neural import TwoTowerEmbedder
+
+        path = Path(index_dir)
+        if not (path / INDEX_FILE).is_file():
+            raise DssmError(f"{path}: no index here ({INDEX_FILE} missing); run `dssm index` or `dssm run` first")
+        index = faiss.read_index(str(path / INDEX_FILE))
+        if ef_search and hasattr(index, "hnsw"):
+            index.hnsw.efSearch = ef_search
+        fusion = path / "model" / "fusion.json"
+        return cls(
+            index,
+            read_titles(path),
+            TwoTowerEmbedder(path / "model" / "model.pt"),
+            json.loads(fusion.read_text()) if fusion.is_file() else None,
+            json.loads((path / "model.json").read_text()),
+        )
+
+    def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
+        """The top k titles per query, best first. A hybrid adds w·BM25 to the index's cosines of
+        its top RERANK candidates (cos + w·BM25, evaluation/hybrid.py) and keeps the best k."""
+        from evaluation.hybrid import fuse
+
+        if k < 1:
+            raise DssmError(f"k must be at least 1, got {k}")
+        depth = min(max(k, RERANK if self.bm25 else k), self.index.ntotal)
+        scores, ids = self.index.search(unit_rows(self.embedder.embed(queries, "query")), depth)
+        out = []
+        for query, row_scores, row_ids in zip(queries, scores, ids, strict=True):
+            keep = row_ids >= 0
+            titles = [self.titles[i] for i in row_ids[keep]]
+            found = row_scores[keep].astype(np.float64)
+            if self.bm25 is not None and titles:
+                found = fuse(found, self.bm25.score([query] * len(titles), titles), self.weight)
+            order = np.argsort(-found, kind="stable")[:k]
+            out.append([Hit(r + 1, titles[i], float(found[i])) for r, i in enumerate(order)])
+        return out
+
+
+class RetrieverModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc `retriever`: queries in, their top k titles out (params {"k": 10})."""
+
+    def load_context(self, context) -> None:
+        self.retriever = Retriever.load(context.artifacts["index"])
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        if "query" not in model_input.columns:
+            raise MlflowException.invalid_parameter_value("the retriever needs a `query` column")
+        k = int((params or {}).get("k", 10))
+        if k < 1:
+            raise MlflowException.invalid_parameter_value(f"k must be at least 1, got {k}")
+        queries = model_input["query"].fillna("").astype(str).tolist()
+        rows = [
+            (q, hit.rank, hit.title, hit.score)
+            for q, hits in zip(queries, self.retriever.search(queries, k), strict=True)
+            for hit in hits
+        ]
+        return pd.DataFrame(rows, columns=["query", "rank", "title", "score"])
+
+
+def log_retriever(index_dir: Path, registered_name: str | None) -> tuple[str, str | None]:
+    """Log the index directory as a pyfunc `retriever` into the active run (and register it);
+    returns (model URI, registered version)."""
+    from evaluation.registry import ROOT, pinned_requirements
+
+    info = mlflow.pyfunc.log_model(
+        name="retriever",
+        python_model=RetrieverModel(),
+        artifacts={"index": str(index_dir)},
+        code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation", "retrieval")],
+        signature=SIGNATURE,
+        input_example=pd.DataFrame({"query": ["cordless drill"]}),
+        pip_requirements=pinned_requirements("faiss-cpu"),
+        registered_model_name=registered_name,
+    )
+    version = str(info.registered_model_version) if registered_name and info.registered_model_version else None
+    return info.model_uri, version

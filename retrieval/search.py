@@ -1,0 +1,76 @@
+"""`dssm search "cordless drill"`: the top k titles of the whole catalogue, from an index.
+
+From an index directory (default: the work dir's, which `dssm run` keeps for the champion), or from
+MLflow with --model: a retriever URI (models:/NAME-retriever@champion, runs:/ID/retriever) or a
+registered two-tower model whose version was indexed (models:/NAME@champion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from core.errors import DssmError
+from core.layout import Layout
+
+
+def retriever_uri(uri: str, tracking_uri: str) -> str:
+    """A retriever's model URI: itself, or the `retriever_uri` tag of the two-tower version `uri` names."""
+    import mlflow
+
+    from retrieval.index import resolve_model
+
+    if "retriever" in uri.rsplit("/", 1)[-1].split("@")[0] or not uri.startswith("models:/"):
+        return uri
+    model = resolve_model(uri, tracking_uri)
+    tag = mlflow.MlflowClient(tracking_uri).get_model_version(model.name, model.version).tags.get("retriever_uri")
+    if not tag:
+        raise DssmError(f"--model {uri}: {model.label} has no index yet; run `dssm index --model {uri} ...`")
+    return tag
+
+
+def load(args: argparse.Namespace):
+    """The Retriever of --model (through MLflow) or of --index."""
+    from retrieval.retriever import Retriever
+
+    if not args.model:
+        return Retriever.load(args.index or Layout(args.workdir).index, args.ef_search)
+    import mlflow
+
+    from core.tracking import default_tracking_uri
+
+    tracking = args.mlflow_uri or default_tracking_uri(Path(args.workdir))
+    mlflow.set_tracking_uri(tracking)
+    uri = retriever_uri(args.model, tracking)
+    try:
+        return mlflow.pyfunc.load_model(uri).unwrap_python_model().retriever
+    except Exception as e:  # MLflow raises several types for a bad URI or a missing model
+        raise DssmError(f"--model {uri}: cannot load the retriever ({type(e).__name__}: {e})") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm search`'s options."""
+    p.add_argument("query", nargs="+", help="one or more queries (quote each one)")
+    p.add_argument("-k", type=int, default=10, help="titles per query (default: %(default)s)")
+    p.add_argument("--workdir", default="work", help="the work dir of `dssm run` (default: %(default)s)")
+    p.add_argument("--index", type=Path, help="a `dssm index` output (default: WORKDIR/index)")
+    p.add_argument("--model", metavar="URI", help="load from MLflow instead: a retriever or an indexed model URI")
+    p.add_argument("--mlflow-uri", help="tracking URI for --model (default: $MLFLOW_TRACKING_URI, else WORKDIR's)")
+    p.add_argument("--ef-search", type=int, help="HNSW candidates per search (default: the index's)")
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm search`."""
+    started = time.perf_counter()
+    retriever = load(args)
+    loaded = time.perf_counter() - started
+    started = time.perf_counter()
+    results = retriever.search(args.query, args.k)
+    took = time.perf_counter() - started
+    model = retriever.model.get("name") and f"{retriever.model['name']} v{retriever.model['version']}"
+    for query, hits in zip(args.query, results, strict=True):
+        print(f"{query!r}: top {len(hits)} of {len(retriever.titles):,} titles ({model or retriever.model['uri']})")
+        for hit in hits:
+            print(f"  {hit.rank:>3}  {hit.score:7.4f}  {hit.title}")
+    print(f"searched in {took * 1000:.0f} ms (loaded in {loaded:.1f}s)")

@@ -1,0 +1,258 @@
+"""Retrieval over the whole catalogue: the index stage (Spark, mlflow spark_udf, faiss), `dssm search`,
+the pyfunc retriever in a fresh process, the registered model behind `mlflow models serve`, the
+full-catalogue metrics and bm25s against PROTOCOL.md's BM25."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, tiny_model, write_judged
+
+from dssm.cli import main as dssm_main
+from evaluation.neural import TwoTowerEmbedder
+from modeling.checkpoint import read_checkpoint
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_data, tmp_path_factory) -> dict:
+    """A tiny model evaluated into a sqlite store: registered as dssm-tiny, champion v1."""
+    root = tmp_path_factory.mktemp("retrieval")
+    model = tiny_model(tiny_data, root / "model", "epochs=3")
+    judged = write_judged(root / "judged.csv")
+    uri = f"sqlite:///{root}/mlflow.db"
+    args = ["--judgments", str(judged), "--out", str(root / "eval"), "--mlflow-uri", uri, "--dataset", "tiny"]
+    assert dssm_main(["evaluate", "--model", str(model), *args, "--encoding", "utf-8"]) == 0
+    return {"root": root, "uri": uri, "checkpoint": model / "last.pt"}
+
+
+def catalogue(path: Path) -> list[str]:
+    """160 distinct titles of the tiny domain, written with messy case and spacing (index normalises)."""
+    titles = [f"{a} {p} {s}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro")]
+    messy = [t.upper().replace(" ", "  ") if i % 7 == 0 else t for i, t in enumerate(titles)]
+    pq.write_table(pa.table({"title": messy + messy[:5], "other": list(range(len(messy) + 5))}), path)
+    return sorted(titles)
+
+
+def test_index_embeds_with_spark_udf_searches_exactly_and_logs_a_retriever(spark, registered, tmp_path, capsys):
+    from retrieval.index import index
+    from retrieval.retriever import Retriever
+
+    titles = catalogue(tmp_path / "titles.parquet")
+    out = tmp_path / "index"
+    manifest = index(spark, "models:/dssm-tiny@champion", tmp_path / "titles.parquet", out, registered["uri"])
+    assert not manifest["skipped"] and manifest["counts"]["titles"] == len(titles) == 160
+    assert manifest["counts"]["kind"] == "flat" and manifest["model"]["version"] == "1"
+
+    # the Spark UDF's vectors are the checkpoint's title tower
+    table = pq.read_table(out / "embeddings")
+    assert sorted(table.column("title").to_pylist()) == titles
+    assert set(table.column("model_version").to_pylist()) == {"dssm-tiny/1"}
+    embedder = TwoTowerEmbedder(registered["checkpoint"])
+    expected = embedder.embed(table.column("title").to_pylist(), "doc")
+    np.testing.assert_allclose(np.array(table.column("embedding").to_pylist()), expected, atol=1e-5)
+
+    # search is the exact cosine top k
+    retriever = Retriever.load(out)
+    hits = retriever.search(["cordless drill", "white lamp"], 5)
+    q = embedder.embed(["cordless drill"], "query")[0]
+    t = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    cos = t @ (q / np.linalg.norm(q))
+    best = np.argsort(-cos)[:5]
+    assert [h.title for h in hits[0]] == [table.column("title")[int(i)].as_py() for i in best]
+    np.testing.assert_allclose([h.score for h in hits[0]], cos[best], atol=1e-5)
+    assert [h.rank for h in hits[1]] == [1, 2, 3, 4, 5]
+
+    assert dssm_main(["search", "cordless drill", "-k", "3", "--index", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "top 3 of 160 titles (dssm-tiny v1)" in shown and hits[0][0].title in shown
+
+    # a rerun with the same champion and titles is a no-op
+    args = ["index", "--model", "models:/dssm-tiny@champion", "--titles", str(tmp_path / "titles.parquet")]
+    assert dssm_main([*args, "--out", str(out), "--mlflow-uri", registered["uri"]]) == 0
+    assert "160 titles x 8 (flat" in capsys.readouterr().out and json.loads((out / "manifest.json").read_text()) == {
+        k: v for k, v in manifest.items() if k not in ("skipped", "retriever")
+    }
+
+    # MLflow: the retriever is registered with the champion alias, the version points at it,
+    # and the version's run records the catalogue as a dataset input
+    client = mlflow.MlflowClient(registered["uri"])
+    version = client.get_model_version("dssm-tiny", "1")
+    assert version.tags["retriever_uri"] == manifest["retriever"]["uri"] and version.tags["index.titles"] == "160"
+    assert str(client.get_model_version_by_alias("dssm-tiny-retriever", "champion").version) == "1"
+    inputs = client.get_run(version.run_id).inputs.dataset_inputs
+    assert {(i.dataset.name, i.dataset.digest) for i in inputs} >= {
+        ("catalogue", manifest["inputs"]["titles"]["sha256"][:32])
+    }
+    eval_contexts = {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"}
+    assert eval_contexts == {"evaluation", "catalogue"}  # the judged set it was evaluated on, and the catalogue
+    train_run = client_for(registered).get_run(read_checkpoint(registered["checkpoint"])["mlflow_run_id"])
+    contexts = {t.value for i in train_run.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
+    assert contexts == {"training", "validation", "vocabulary"}
+
+    # the pyfunc retriever, loaded by URI in a fresh process, answers the same
+    script = (
+        "import json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({registered['uri']!r})\n"
+        "m = mlflow.pyfunc.load_model('models:/dssm-tiny-retriever@champion')\n"
+        "out = m.predict(pd.DataFrame({'query': ['cordless drill', 'white lamp']}), params={'k': 5})\n"
+        "print(json.dumps(out.to_dict('list')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answered = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answered["title"][:5] == [h.title for h in hits[0]] and answered["rank"] == [1, 2, 3, 4, 5] * 2
+    assert answered["query"] == ["cordless drill"] * 5 + ["white lamp"] * 5
+
+    # `dssm search --model` finds the retriever through the registered model's tag
+    args = ["search", "white lamp", "-k", "2", "--model", "models:/dssm-tiny@champion", "--mlflow-uri"]
+    assert dssm_main([*args, registered["uri"]]) == 0
+    assert hits[1][0].title in capsys.readouterr().out
+
+
+def client_for(registered: dict) -> mlflow.MlflowClient:
+    """The store the tiny model's training run went to (conftest.tiny_model)."""
+    return mlflow.MlflowClient(f"sqlite:///{registered['checkpoint'].parent.parent}/train.db")
+
+
+def post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.integration
+def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input(registered, tmp_path):
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": registered["uri"]}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # uvicorn of this env
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/dssm-tiny@champion",
+           "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"{base}/ping", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow models serve did not start: {(tmp_path / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        queries, titles = ["cordless drill", "white lamp"], ["steel drill kit", "brass rug pro"]
+        frame = {
+            "dataframe_split": {
+                "columns": ["query", "title"],
+                "data": [list(p) for p in zip(queries, titles, strict=True)],
+            }
+        }
+        status, body = post(f"{base}/invocations", json.dumps(frame).encode())
+        assert status == 200
+        expected = TwoTowerEmbedder(registered["checkpoint"]).score(queries, titles)
+        np.testing.assert_allclose([p["score"] for p in body["predictions"]], expected, atol=1e-5)
+
+        only_queries = {"dataframe_split": {"columns": ["query"], "data": [["cordless drill"]]}}
+        status, body = post(
+            f"{base}/invocations", json.dumps(only_queries | {"params": {"output": "query_embedding"}}).encode()
+        )
+        assert status == 200 and len(body["predictions"][0]["embedding"]) == 8  # model.ncell=8
+
+        # bad input: a 4xx that says what is wrong, never a 500
+        status, body = post(f"{base}/invocations", json.dumps(only_queries).encode())
+        assert status == 400 and "needs column(s) title" in body["message"]
+        status, body = post(f"{base}/invocations", json.dumps(only_queries | {"params": {"output": "x"}}).encode())
+        assert status == 400 and "output must be one of" in body["message"]
+        status, body = post(f"{base}/invocations", b"not json")
+        assert status == 400 and "valid JSON" in body["message"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
+    from core.judgments import JudgedPair
+    from evaluation.protocol import build_eval_set
+    from retrieval.quality import catalogue_metrics
+
+    labels = {"a": 3.0, "b": 2.0, "c": 1.0, "d": 1.0, "e": 2.6}
+    pairs = [JudgedPair(i, "q", t, label) for i, (t, label) in enumerate(labels.items())]
+    eval_set = build_eval_set(pairs, "toy", "sha", all_queries=True)
+    qid = eval_set.queries[0].qid
+    # ideal: a (gain 3), e (2^1.6 - 1), b (1); retrieved: an unjudged title first, then a, then b
+    result = catalogue_metrics(eval_set, {qid: ["unjudged", "a", "b"]}, threshold=2.5, recall_at=(1, 2))
+    gain_e = 2**1.6 - 1
+    idcg = 3 + gain_e / np.log2(3) + 1 / np.log2(4)
+    assert result["ndcg@10"] == pytest.approx(100 * (3 / np.log2(3) + 1 / np.log2(4)) / idcg)
+    assert result["recall@1"] == 0 and result["recall@2"] == pytest.approx(50)  # a of {a, e}
+    assert result["recall_queries"] == 1 and len(result["per_query"]) == 1
+
+
+def test_bm25s_ranks_the_catalogue_as_the_reference_bm25_scores_it():
+    from evaluation.lexical import BM25, Collection
+    from retrieval.bm25 import CatalogueBM25
+
+    titles = [f"{a} {p} {s}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro", "pro max")]
+    reference = BM25.fit(Collection(titles))
+    fast = CatalogueBM25(titles)
+    for query in ("cordless drill", "pro pro lamp", "unknown words", "white"):
+        np.testing.assert_allclose(fast.scores(query), reference.score([query] * len(titles), titles), atol=1e-4)
+    ids, scores = fast.search("brass faucet", 3)
+    assert [titles[i].split()[:2] for i in ids] == [["brass", "faucet"]] * 3 and scores[0] >= scores[-1]
+
+
+def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import unit_rows
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3000, 16)).astype(np.float32)
+    queries = unit_rows(rng.normal(size=(50, 16)))
+    flat, kind = build_faiss(vectors, IndexConfig(kind="auto"))
+    assert kind == "flat"
+    hnsw, kind = build_faiss(vectors, IndexConfig(kind="auto", flat_max=1000))
+    assert kind == "hnsw"
+    _, exact = flat.search(queries, 10)
+    _, approx = hnsw.search(queries, 10)
+    brute = np.argsort(-(unit_rows(vectors) @ queries.T).T, axis=1)[:, :10]
+    assert (exact == brute).all()
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact, approx, strict=True)]) >= 0.95
+
+
+@pytest.mark.integration
+def test_bm25s_reproduces_protocols_bm25_row_on_home_depot(home_depot):
+    from core.judgments import JudgedSetSpec, resolve_judged_set
+    from core.text import norm
+    from evaluation.protocol import evaluate_scores, load_eval_set
+    from retrieval.bm25 import CatalogueBM25
+
+    judged = resolve_judged_set(home_depot, JudgedSetSpec(encoding="latin-1"))
+    titles = list(dict.fromkeys(norm(p.title) for p in judged.pairs()))
+    fast, row = CatalogueBM25(titles), {t: i for i, t in enumerate(titles)}
+    eval_set = load_eval_set(judged)
+    queries, pair_titles = eval_set.pairs()
+    by_query = {q: fast.scores(q) for q in dict.fromkeys(queries)}
+    scores = np.array([by_query[q][row[norm(t)]] for q, t in zip(queries, pair_titles, strict=True)])
+    result = evaluate_scores(eval_set, "bm25s", scores)
+    for k, reference in ((1, 70.1), (3, 73.9), (10, 88.4)):  # PROTOCOL.md §7
+        assert abs(result.mean(f"ndcg@{k}") - reference) <= 0.2
