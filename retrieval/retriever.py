@@ -25,6 +25,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.errors import DssmError
+from evaluation.hybrid import fuse  # at import: its scipy import would cost the first search 0.5 s
 
 INDEX_FILE = "titles.faiss"
 RERANK = 100  # candidates a hybrid re-scores per query
@@ -95,8 +96,6 @@ class Retriever:
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top k titles per query, best first. A hybrid adds w·BM25 to the index's cosines of
         its top RERANK candidates (cos + w·BM25, evaluation/hybrid.py) and keeps the best k."""
-        from evaluation.hybrid import fuse
-
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
         depth = min(max(k, RERANK if self.bm25 else k), self.index.ntotal)

@@ -12,6 +12,15 @@ SHARED_DATA = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().p
 HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
 
 
+def pytest_unconfigure(config):
+    """Prefect stops the ephemeral API server at interpreter exit and logs "Stopping temporary
+    server" after pytest has closed the captured streams; that log call then printed a
+    "--- Logging error ---" traceback. From here on a failing log handler stays silent."""
+    import logging
+
+    logging.raiseExceptions = False
+
+
 @pytest.fixture(autouse=True)
 def _keep_mlflow_tracking_env():
     """mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ; without this, a test that
