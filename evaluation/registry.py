@@ -190,7 +190,8 @@ def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, pat
     fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(versions) + 3), 3.6))
     by_system: dict[str, list[tuple[int, float]]] = {}
     for v in versions:
-        by_system.setdefault(v.tags.get("system", "?"), []).append((int(v.version), float(v.tags[tag])))
+        system = v.tags.get("system") or client.get_run(v.run_id).data.tags.get("system", "?")  # older versions
+        by_system.setdefault(system, []).append((int(v.version), float(v.tags[tag])))
     for system, points in sorted(by_system.items()):
         points.sort()
         ax.plot(*zip(*points, strict=True), marker="o", linestyle="-", label=system)
@@ -201,14 +202,18 @@ def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, pat
                 f"champion v{v.version}",
                 (int(v.version), float(v.tags[tag])),
                 textcoords="offset points",
-                xytext=(6, -12),
+                xytext=(-20, 10),
                 fontsize=8,
             )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.margins(x=0.12, y=0.15)  # room for the champion's label
     ax.set_xlabel("registered version")
     ax.set_ylabel("NDCG@10")
     ax.set_title(f"{name}: NDCG@10 on eval set {eval_key[:8]} by version", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a point
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
