@@ -20,7 +20,7 @@ from scipy import stats
 from core.artifacts import code_fingerprint, publish, sha256_file
 from core.errors import DssmError
 from core.sentence_pairs import read_pairs, sentence_norm
-from core.tracking import default_tracking_uri, experiment_id
+from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from evaluation.neural import cosine_scores
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result
         **{k: v for k, v in tags.items() if k != "kind"},
     }
     run = client.create_run(experiment_id(uri, cfg.experiment), run_name=name, tags=run_tags)
+    log_datasets(uri, run.info.run_id, [("sts", str(cfg.data), data_sha, "evaluation")])
     for suite, value in result.suites.items():
         client.log_metric(run.info.run_id, "pearson_" + suite.lower().replace(" ", "_").replace("-", ""), value)
     for key, value in result.files.items():

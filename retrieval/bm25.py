@@ -8,6 +8,8 @@ The hand-written scorer stays for re-ranking and inside hybrids, whose saved fus
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from core.text import words
@@ -16,13 +18,26 @@ from core.text import words
 class CatalogueBM25:
     """Every title indexed once; `search` ranks the whole catalogue for each query."""
 
-    def __init__(self, titles: list[str], k1: float = 1.2, b: float = 0.75):
+    def __init__(self, titles: list[str], k1: float = 1.2, b: float = 0.75, index=None):
         import bm25s
 
         self.titles = titles
         self.k1 = k1
-        self.index = bm25s.BM25(k1=k1, b=b, method="lucene")
-        self.index.index([words(t) for t in titles], show_progress=False)
+        if index is None:
+            index = bm25s.BM25(k1=k1, b=b, method="lucene")
+            index.index([words(t) for t in titles], show_progress=False)
+        self.index = index
+
+    def save(self, directory: Path) -> None:
+        """The index's sparse matrices and vocabulary (not the titles: the caller keeps their order)."""
+        self.index.save(str(directory), show_progress=False)
+
+    @classmethod
+    def load(cls, directory: Path, titles: list[str]) -> CatalogueBM25:
+        import bm25s
+
+        index = bm25s.BM25.load(str(directory), show_progress=False, verbosity=0)
+        return cls(titles, index.k1, index.b, index)
 
     def scores(self, query: str) -> np.ndarray:
         """The BM25 score of every title for `query`, on evaluation/lexical.py's scale."""

@@ -156,12 +156,11 @@ def index(
         raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
     model = resolve_model(model_uri, tracking_uri)
     titles = Path(titles)
+    upstream = read_manifest(titles) if titles.is_dir() else None  # a stage output names its content hash
     inputs = {
+        # a registered version is immutable: its name, version and run stand for its content
         "model": {"path": model.uri, "sha256": f"{model.label}:{model.run_id}"},
-        "titles": {
-            "path": str(titles),
-            "sha256": (titles.is_dir() and read_manifest(titles) or {}).get("content_sha256") or content_sha256(titles),
-        },
+        "titles": {"path": str(titles), "sha256": (upstream or {}).get("content_sha256") or content_sha256(titles)},
     }
 
     def build(tmp: Path) -> dict[str, Any]:
@@ -191,6 +190,11 @@ def index(
         build_seconds = time.perf_counter() - started
         faiss.write_index(built, str(tmp / INDEX_FILE))
         copy_model_files(model, tmp / "model")
+        if (tmp / "model" / "fusion.json").is_file():  # a hybrid also takes BM25's best titles as candidates
+            from retrieval.bm25 import CatalogueBM25
+            from retrieval.retriever import read_titles
+
+            CatalogueBM25(read_titles(tmp)).save(tmp / "bm25")
         (tmp / "model.json").write_text(json.dumps(asdict(model), indent=2) + "\n")
         counts = {
             "titles": rows,
@@ -209,16 +213,20 @@ def index(
             build_seconds,
             counts["index_bytes"] / 1e6,
         )
-        return {"counts": counts, "model": asdict(model)}
+        fields = {"counts": counts, "model": asdict(model)}
+        if register and model.name:  # before the rename: a failed registration leaves no index to skip next time
+            fields["retriever"] = register_index(tmp, model, tracking_uri, counts, inputs["titles"])
+        return fields
 
     with cluster_errors():
-        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
-    if register and model.name and not manifest["skipped"]:
-        manifest["retriever"] = register_index(out, model, tracking_uri, manifest)
-    return manifest
+        return publish(
+            out, "index", code_fingerprint(__name__), inputs, asdict(cfg) | {"register": register}, build, force
+        )
 
 
-def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict[str, Any]) -> dict[str, str]:
+def register_index(
+    out: Path, model: ModelRef, tracking_uri: str, counts: dict[str, Any], titles: dict[str, str]
+) -> dict[str, str]:
     """Log the index as the pyfunc `retriever` in the model version's run, register it as
     NAME-retriever with the version's aliases, and tag the version with where it went."""
     import mlflow
@@ -229,13 +237,13 @@ def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict
     retriever_name = f"{model.name}-retriever"
     with mlflow.start_run(run_id=model.run_id):
         uri, version = log_retriever(out, retriever_name)
-        mlflow.log_metrics({f"index_{k}": v for k, v in manifest["counts"].items() if isinstance(v, int | float)})
-    titles = manifest["inputs"]["titles"]
+        numbers = {k: v for k, v in counts.items() if isinstance(v, int | float)}
+        mlflow.log_metrics({k if k.startswith("index_") else f"index_{k}": v for k, v in numbers.items()})
     log_datasets(tracking_uri, model.run_id, [("catalogue", titles["path"], titles["sha256"], "catalogue")])
     for alias in client.get_model_version(model.name, model.version).aliases:
         client.set_registered_model_alias(retriever_name, alias, version)
     tags = {"retriever_uri": uri, "retriever_version": f"{retriever_name}/{version}"}
-    tags |= {f"index.{k}": str(v) for k, v in manifest["counts"].items()}
+    tags |= {f"index.{k}": str(v) for k, v in counts.items()}
     for key, value in tags.items():
         client.set_model_version_tag(model.name, model.version, key, value)
     client.set_model_version_tag(retriever_name, version, "model_version", model.label)

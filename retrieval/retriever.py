@@ -2,9 +2,9 @@
 
 An index directory is self-contained (retrieval/index.py writes it): `titles.faiss` (unit title
 vectors, inner product = cosine), `embeddings/` (the titles in index order), and `model/` (the slim
-checkpoint, plus `fusion.json` when the indexed model is a hybrid). A hybrid re-scores the index's
-top `rerank` candidates with cos + w·BM25 and returns the best k of them: BM25 never adds a
-candidate the vectors did not find (docs/retrieval.md).
+checkpoint, plus `fusion.json` when the indexed model is a hybrid, with `bm25/`: a bm25s index of the
+same titles). A hybrid's candidates are the index's top RERANK and BM25's top RERANK; it re-scores
+them with cos + w·BM25 and returns the best k (docs/retrieval.md).
 
 `RetrieverModel` is the same as an MLflow pyfunc (the `retriever` model logged beside each indexed
 model version): a DataFrame with a `query` column in, one row per (query, rank) out.
@@ -63,7 +63,11 @@ class Retriever:
     """An index, its titles and the model's query tower (and a hybrid's BM25 and weight); `search`
     answers in milliseconds. `Retriever.load(dir)` reads a `dssm index` output."""
 
-    def __init__(self, index, titles: list[str], embedder, fusion: dict[str, Any] | None = None, model=None):
+    def __init__(
+        self, index, titles: list[str], embedder, fusion: dict[str, Any] | None = None, model=None, lexical=None
+    ):
+        """`fusion`: a hybrid's weight and BM25 statistics; `lexical`: a CatalogueBM25 of the same
+        titles whose top RERANK join the candidates (a hybrid only)."""
         from evaluation.lexical import BM25
 
         if len(titles) != index.ntotal:
@@ -71,6 +75,7 @@ class Retriever:
         self.index, self.titles, self.embedder, self.model = index, titles, embedder, model or {}
         self.bm25 = BM25.from_dict(fusion["bm25"]) if fusion else None
         self.weight = fusion["weight"] if fusion else 0.0
+        self.lexical = lexical if fusion else None
 
     @classmethod
     def load(cls, index_dir: Path | str, ef_search: int | None = None) -> Retriever:
@@ -84,27 +89,38 @@ class Retriever:
         index = faiss.read_index(str(path / INDEX_FILE))
         if ef_search and hasattr(index, "hnsw"):
             index.hnsw.efSearch = ef_search
+        from retrieval.bm25 import CatalogueBM25
+
         fusion = path / "model" / "fusion.json"
+        titles = read_titles(path)
         return cls(
             index,
-            read_titles(path),
+            titles,
             TwoTowerEmbedder(path / "model" / "model.pt"),
             json.loads(fusion.read_text()) if fusion.is_file() else None,
             json.loads((path / "model.json").read_text()),
+            CatalogueBM25.load(path / "bm25", titles) if (path / "bm25").is_dir() else None,
         )
 
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
-        """The top k titles per query, best first. A hybrid adds w·BM25 to the index's cosines of
-        its top RERANK candidates (cos + w·BM25, evaluation/hybrid.py) and keeps the best k."""
+        """The top k titles per query, best first. A hybrid re-scores its candidates (the index's top
+        RERANK, and BM25's top RERANK when it has `lexical`) with cos + w·BM25 (evaluation/hybrid.py)."""
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
         depth = min(max(k, RERANK if self.bm25 else k), self.index.ntotal)
-        scores, ids = self.index.search(unit_rows(self.embedder.embed(queries, "query")), depth)
+        vectors = unit_rows(self.embedder.embed(queries, "query"))
+        scores, ids = self.index.search(vectors, depth)
         out = []
-        for query, row_scores, row_ids in zip(queries, scores, ids, strict=True):
+        for query, vector, row_scores, row_ids in zip(queries, vectors, scores, ids, strict=True):
             keep = row_ids >= 0
-            titles = [self.titles[i] for i in row_ids[keep]]
-            found = row_scores[keep].astype(np.float64)
+            row_ids, found = row_ids[keep], row_scores[keep].astype(np.float64)
+            if self.lexical is not None:
+                lexical_ids, lexical_scores = self.lexical.search(query, depth)
+                extra = np.setdiff1d(lexical_ids[lexical_scores > 0], row_ids)
+                if len(extra):  # their cosines from the index's stored unit vectors
+                    cos = self.index.reconstruct_batch(extra.astype(np.int64)) @ vector
+                    row_ids, found = np.concatenate([row_ids, extra]), np.concatenate([found, cos])
+            titles = [self.titles[i] for i in row_ids]
             if self.bm25 is not None and titles:
                 found = fuse(found, self.bm25.score([query] * len(titles), titles), self.weight)
             order = np.argsort(-found, kind="stable")[:k]

@@ -117,6 +117,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         and stages["index"]["counts"]["titles"] == stages["clean"]["counts"]["titles"]
     )
     assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue-retriever", "champion")
+    assert (work / "index" / "bm25").is_dir() == (champion == "2")  # a hybrid champion also retrieves with BM25
     assert main(["search", "cordless drill", "-k", "3", "--workdir", str(work)]) == 0
     assert f"dssm-default-catalogue v{champion}" in capsys.readouterr().out
     # the analyze stage's report is an artifact of the training run

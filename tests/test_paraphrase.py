@@ -181,6 +181,9 @@ def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, 
     sts_run = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(result["mlflow_run_id"])
     assert sts_run.data.tags["dataset"] == "sts" and sts_run.data.tags["system"] == system
     assert sts_run.data.metrics["pearson_sts14_tiny"] == pytest.approx(expected, abs=1e-4)
+    assert [(i.dataset.name, i.dataset.digest) for i in sts_run.inputs.dataset_inputs] == [
+        ("sts", report["dataset_sha256"][:32])
+    ]
     assert f"| {system} |" in (out / "sts.md").read_text()
 
 

@@ -82,7 +82,7 @@ def test_index_embeds_with_spark_udf_searches_exactly_and_logs_a_retriever(spark
     args = ["index", "--model", "models:/dssm-tiny@champion", "--titles", str(tmp_path / "titles.parquet")]
     assert dssm_main([*args, "--out", str(out), "--mlflow-uri", registered["uri"]]) == 0
     assert "160 titles x 8 (flat" in capsys.readouterr().out and json.loads((out / "manifest.json").read_text()) == {
-        k: v for k, v in manifest.items() if k not in ("skipped", "retriever")
+        k: v for k, v in manifest.items() if k != "skipped"
     }
 
     # MLflow: the retriever is registered with the champion alias, the version points at it,
@@ -188,6 +188,39 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_a_hybrid_retriever_rescores_the_union_of_vector_and_bm25_candidates(registered):
+    from evaluation.hybrid import HybridScorer
+    from evaluation.lexical import BM25, Collection
+    from retrieval.bm25 import CatalogueBM25
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import RERANK, Retriever
+
+    sizes = ("a", "b", "c")
+    titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in sizes]
+    embedder = TwoTowerEmbedder(registered["checkpoint"])
+    bm25 = BM25.fit(Collection(titles))
+    fusion = {"bm25": bm25.to_dict(), "weight": 0.3}
+    vectors = embedder.embed(titles, "doc")
+    query = "cordless drill"
+    # expected: every title of the union of the exact cosine top RERANK and BM25's (score > 0) top RERANK,
+    # ranked by the hybrid scorer of `dssm evaluate`
+    cos = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)) @ embedder.embed([query], "query")[0]
+    lexical = bm25.score([query] * len(titles), titles)
+    union = set(np.argsort(-cos, kind="stable")[:RERANK]) | {i for i in np.argsort(-lexical)[:RERANK] if lexical[i] > 0}
+    assert len(union) > RERANK  # BM25 adds candidates the vectors did not rank in their top RERANK
+    fused = HybridScorer(embedder, bm25, 0.3).score([query] * len(titles), titles)
+    ranked = sorted(union, key=lambda i: -fused[i])
+    k = next(k for k in range(10, len(ranked)) if fused[ranked[k - 1]] > fused[ranked[k]] + 1e-6)  # no tie at the edge
+    expected = ranked[:k]
+    for kind in ("flat", "hnsw"):
+        index, _ = build_faiss(vectors, IndexConfig(kind=kind, flat_max=10**6 if kind == "flat" else 1))
+        hits = Retriever(index, titles, embedder, fusion, lexical=CatalogueBM25(titles)).search([query], k)[0]
+        assert [h.rank for h in hits] == list(range(1, k + 1))
+        np.testing.assert_allclose([h.score for h in hits], [fused[i] for i in expected], atol=1e-5)
+        if kind == "flat":
+            assert sorted(h.title for h in hits) == sorted(titles[i] for i in expected)
 
 
 def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
