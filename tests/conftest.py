@@ -21,16 +21,22 @@ def pytest_unconfigure(config):
     logging.raiseExceptions = False
 
 
-@pytest.fixture(autouse=True)
-def _keep_mlflow_tracking_env():
-    """mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ; without this, a test that
-    used a (since stopped) tracking server would hand that URI to every later subprocess."""
+def _restore_mlflow_tracking_env():
+    """mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ; without a restore, a test
+    that used a (since stopped) tracking server or its own store would hand that URI to every later
+    subprocess (a `dssm run` child then logs its training run there)."""
     before = os.environ.get("MLFLOW_TRACKING_URI")
     yield
     if before is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+# Per test, and per module: a module-scoped fixture (a registered model) is set up before any
+# function-scoped one, so only a module-level restore undoes what it set.
+_keep_mlflow_tracking_env = pytest.fixture(autouse=True)(_restore_mlflow_tracking_env)
+_keep_mlflow_tracking_env_per_module = pytest.fixture(autouse=True, scope="module")(_restore_mlflow_tracking_env)
 
 
 @pytest.fixture(scope="session")

@@ -94,8 +94,9 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
             "negatives",
             "train",
             "evaluate",
+            "index",
         ]
-        # the data stages ran on the stack's Spark master ...
+        # the data stages and the index's spark_udf ran on the stack's Spark master ...
         with urllib.request.urlopen(f"{state['urls']['spark_ui']}/json/") as response:
             spark_state = json.loads(response.read())
         assert "dssm-run" in [app["name"] for app in spark_state["completedapps"] + spark_state["activeapps"]]
@@ -112,6 +113,9 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         runs = client.search_runs([experiment.experiment_id])
         assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm", "lstm+bm25"]
         assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
+        champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
+        retriever = client.get_model_version_by_alias(f"dssm-{report['dataset']}-retriever", "champion")
+        assert champion.tags["retriever_version"] == f"dssm-{report['dataset']}-retriever/{retriever.version}"
 
         # A cluster that loses its workers: the job waiting for executors fails within the bound, saying why.
         os.killpg(state["services"]["spark-worker"]["pid"], signal.SIGKILL)
