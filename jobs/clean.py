@@ -7,7 +7,7 @@ read = kept + rejected holds exactly (checked before anything is published):
   wrong_type, missing_field, unsupported_version, bad_value;
 - rule drops (docs/raw-log-format.md): duplicate_event (an impression_id seen on an earlier
   line), empty_query (nothing left after normalisation), bot_user (a user with more than
-  `bot_max_per_minute` impressions in one minute, or with at least `bot_min_impressions`
+  `bot_max_per_minute` impressions in any 60 seconds, or with at least `bot_min_impressions`
   impressions of which `bot_min_click_rate` of all shown results were clicked).
 
 Lines are parsed and validated by `jobs.rawlog.parse_line` (queries and titles normalised exactly
@@ -93,11 +93,13 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
     unique = ranked.where("n = 1")
     empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
     humans_or_bots = unique.where(~F.col("empty"))
+    # Impressions in the 60 s from each one of the user's on: a sliding window, so a burst that
+    # straddles a minute boundary counts whole (calendar minutes would split it in two).
+    next_minute = Window.partitionBy("user_id").orderBy("ts_ms").rangeBetween(0, 59_999)
     per_minute = (
-        humans_or_bots.groupBy("user_id", F.floor(F.col("ts_ms") / 60_000).alias("minute"))
-        .count()
+        humans_or_bots.select("user_id", F.count("*").over(next_minute).alias("in_minute"))
         .groupBy("user_id")
-        .agg(F.max("count").alias("peak_per_minute"))
+        .agg(F.max("in_minute").alias("peak_per_minute"))
     )
     per_user = humans_or_bots.groupBy("user_id").agg(
         F.count("*").alias("impressions"),
@@ -274,7 +276,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bot-max-per-minute",
         type=int,
         default=d.bot_max_per_minute,
-        help="a user with more impressions in one minute is a bot (default: %(default)s)",
+        help="a user with more impressions in any 60 seconds is a bot (default: %(default)s)",
     )
     g.add_argument(
         "--bot-min-impressions",

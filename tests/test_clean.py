@@ -108,17 +108,21 @@ def test_rules_drop_duplicates_bots_and_empty_queries(spark, tmp_path):
     lines.append(lines[0])  # duplicate event
     lines.append(imp(1, "u2", "2026-01-01T00:10:00Z", query="   "))  # empty query
     lines += [imp(10 + k, "bot", f"2026-01-01T01:00:{k:02d}Z", clicks=[1, 2]) for k in range(25)]  # burst
+    # 21 impressions in 21 s across a minute boundary (20 + 1 by calendar minute): a bot by the sliding window
+    lines += [imp(200 + k, "bot2", f"2026-01-01T03:{(40 + k) // 60:02d}:{(40 + k) % 60:02d}Z") for k in range(21)]
+    # 20 in every 60 s, for three minutes: at the limit, not over it
+    lines += [imp(300 + k, "busy", f"2026-01-01T04:{k // 20:02d}:{k % 20 * 3:02d}Z") for k in range(60)]
     lines += [imp(100 + k, "u3", f"2026-01-0{1 + k}T02:00:00Z", query="Saw", clicks=[2]) for k in range(3)]
     src = tmp_path / "log.jsonl.gz"
     _write_lines(src, lines)
     m = clean(spark, str(src), tmp_path / "out")
-    assert m["counts"]["rejected_by_reason"] == {"bot_user": 25, "duplicate_event": 1, "empty_query": 1}
-    assert m["counts"]["kept"] == 4
+    assert m["counts"]["rejected_by_reason"] == {"bot_user": 25 + 21, "duplicate_event": 1, "empty_query": 1}
+    assert m["counts"]["kept"] == 4 + 60
     pairs = {
         (p["query"], p["title"]): (p["clicks"], p["impressions"])
         for p in pq.read_table(tmp_path / "out" / "pairs").to_pylist()
     }
-    assert pairs == {("drill", "a drill"): (1, 1), ("saw", "b saw"): (3, 3)}
+    assert pairs == {("drill", "a drill"): (1, 61), ("saw", "b saw"): (3, 3)}  # busy: 60 shown, none clicked
 
 
 def test_invalid_utf8_and_out_of_range_lines_are_quarantined_not_fatal(spark, tmp_path, pipeline):
