@@ -54,7 +54,8 @@ class RunConfig:
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     train: TrainSection = field(default_factory=TrainSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
-    index_champion: bool = True  # after the gate, `dssm index` the champion over the title pool (dssm search)
+    index_champion: bool = True  # after the gate, `dssm index` the champion over the catalogue (dssm search)
+    catalogue: str = ""  # titles to index: Parquet/CSV with a `title` column; empty: the clean stage's title pool
     index: IndexConfig = field(default_factory=IndexConfig)
     analyze: bool = True  # `dssm analyze` the trained recurrent model as the last stage
     mlflow_uri: str = ""  # default: $MLFLOW_TRACKING_URI, else sqlite WORKDIR/mlflow.db
@@ -78,6 +79,7 @@ class RunConfig:
             self,
             workdir=resolved(self.workdir),
             logs=resolved(self.logs),
+            catalogue=resolved(self.catalogue),
             judgments=replace(self.judgments, path=resolved(self.judgments.path)),
         )
 
@@ -115,6 +117,7 @@ _FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
     (("--baselines",), "evaluate.baselines", {}, "baselines beside the model (bm25,doc2vec,ulm,..)"),
     (("--mlflow-uri",), "mlflow_uri", {}, "MLflow tracking URI (empty: $MLFLOW_TRACKING_URI, else WORKDIR/mlflow.db)"),
     (("--master",), "spark_master", {}, "Spark master URL (default: $DSSM_SPARK_MASTER, else local[*])"),
+    (("--catalogue",), "catalogue", {}, "titles to index (Parquet/CSV, `title` column); default: the clean title pool"),
 ]
 
 
@@ -172,6 +175,8 @@ def validate(cfg: RunConfig) -> None:
 
     if cfg.index.kind not in KINDS:
         raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.index.kind!r}")
+    if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
+        raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:
         raise DssmError(f"simulate.impressions must be positive, got {cfg.simulate.impressions}")
     if cfg.train.nproc < 0 or cfg.train.epochs < 0:

@@ -128,7 +128,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             finished(stage)
             if indexed:
                 champion = f"models:/dssm-{judged.name}@{CHAMPION}"
-                finished(index_task(layout, cleaned["path"], champion, cfg.index, mlflow_uri, master, cfg.force))
+                titles = cfg.catalogue or cleaned["path"]
+                finished(index_task(layout, titles, champion, cfg.index, mlflow_uri, master, cfg.force))
             if cfg.analyze:
                 analysed = analyze_task(layout, checkpoints, judged, cfg.force)
                 if analysed:

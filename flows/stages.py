@@ -227,16 +227,17 @@ def evaluate_stage(
 
 
 def index_stage(
-    layout: Layout, clean_dir: str, model_uri: str, cfg: IndexConfig, mlflow_uri: str, master: str | None, force: bool
+    layout: Layout, titles: str, model_uri: str, cfg: IndexConfig, mlflow_uri: str, master: str | None, force: bool
 ) -> StageOutput:
-    """`dssm index` of `model_uri` (the champion) over the clean stage's title pool, logged as its retriever."""
+    """`dssm index` of `model_uri` (the champion) over `titles` (the clean stage's output, whose title
+    pool is the default catalogue, or a catalogue file), logged as its retriever."""
     from jobs.spark import LazySpark
     from retrieval.index import index
 
     out = layout.index
     spark = LazySpark(master, "dssm-run")
     return run_data_stage(
-        "index", model_uri, out, lambda: index(spark, model_uri, Path(clean_dir), out, mlflow_uri, cfg, True, force)
+        "index", model_uri, out, lambda: index(spark, model_uri, Path(titles), out, mlflow_uri, cfg, True, force)
     )
 
 

@@ -60,6 +60,8 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["train.models=lstm,transformer"], "unknown encoder"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
         (["negatives=3"], "expected a section"),
+        (["index.kind=ivf"], "index.kind must be one of auto, flat, hnsw"),
+        (["catalogue=/no/such/titles.parquet"], "catalogue /no/such/titles.parquet: not found"),
     ],
 )
 def test_bad_keys_and_values_are_one_clear_error(overrides, message):
