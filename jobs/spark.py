@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "16",
     "spark.sql.adaptive.enabled": "true",
@@ -66,6 +65,8 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
         # before the JVM starts, it also spares the "hostname resolves to a loopback address" warning).
         host = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings |= {"spark.driver.bindAddress": host, "spark.driver.host": host}
+    # Spark's stage progress bar on a terminal: long jobs (clean, index at scale) show they move.
+    settings["spark.ui.showConsoleProgress"] = str(sys.stderr.isatty()).lower()
     settings |= conf or {}
     if "DSSM_SPARK_DRIVER_MEMORY" in os.environ:
         settings["spark.driver.memory"] = os.environ["DSSM_SPARK_DRIVER_MEMORY"]
