@@ -212,7 +212,7 @@ def _finish_runs(
     """Attach the report to every run; log, register and gate the trained models; end the runs."""
     import mlflow
 
-    from evaluation.registry import champion_gate, log_model, plot_gate_history
+    from evaluation.registry import champion_gate, log_model, plot_gate_history, registered_name
 
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient(uri)
@@ -225,7 +225,7 @@ def _finish_runs(
                 mlflow.log_artifact(str(out / artifact))
             mlflow.log_artifact(str(out / "runs" / f"{system.name}.run"), "runs")
             if system.kind in ("trained", "hybrid") and system.checkpoint is not None:
-                registered = f"dssm-{eval_set.name}" if cfg.register else None
+                registered = registered_name(eval_set.name) if cfg.register else None
                 model_uri, version = log_model(system.checkpoint, registered, system.fusion)
                 mlflow.set_tag("model_uri", model_uri)
                 if version is not None:

@@ -118,6 +118,11 @@ def pinned_requirements(*extra: str) -> list[str]:
     return [f"torch=={torch.__version__.split('+')[0]}", *pins]
 
 
+def registered_name(dataset: str) -> str:
+    """The registered model a dataset's trained models and hybrids are versions of."""
+    return f"dssm-{dataset}"
+
+
 @dataclass
 class GateDecision:
     promoted: bool

@@ -171,10 +171,9 @@ def validate(cfg: RunConfig) -> None:
     from evaluation.systems import parse_baselines
 
     parse_baselines(",".join(cfg.evaluate.baselines))
-    from retrieval.index import KINDS
+    from retrieval.index import check_config
 
-    if cfg.index.kind not in KINDS:
-        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.index.kind!r}")
+    check_config(cfg.index)
     if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
         raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:

@@ -75,7 +75,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
-    from evaluation.registry import CHAMPION
+    from evaluation.registry import CHAMPION, registered_name
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     cfg = config
@@ -127,7 +127,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             )
             finished(stage)
             if indexed:
-                champion = f"models:/dssm-{judged.name}@{CHAMPION}"
+                champion = f"models:/{registered_name(judged.name)}@{CHAMPION}"
                 titles = cfg.catalogue or cleaned["path"]
                 finished(index_task(layout, titles, champion, cfg.index, mlflow_uri, master, cfg.force))
             if cfg.analyze:

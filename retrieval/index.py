@@ -38,6 +38,11 @@ class IndexConfig:
     rows_per_file: int = 100_000
 
 
+def check_config(cfg: IndexConfig) -> None:
+    if cfg.kind not in KINDS:
+        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """A registered model version (or a run's model) and where its files come from."""
@@ -152,8 +157,7 @@ def index(
 
     from jobs.spark import cluster_errors, stable_layout, write_parquet
 
-    if cfg.kind not in KINDS:
-        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
+    check_config(cfg)
     model = resolve_model(model_uri, tracking_uri)
     titles = Path(titles)
     upstream = read_manifest(titles) if titles.is_dir() else None  # a stage output names its content hash
