@@ -5,6 +5,10 @@ the largest resident set of that process and all its children (the Spark JVM, Py
 sampled every 0.2 s. Results are printed as a Markdown table and written as JSON.
 
     python benchmarks/jobs_bench.py --sizes 1_000_000 10_000_000
+    python benchmarks/jobs_bench.py --sizes 1_000_000 --log-formats 1 2 --stages simulate clean
+
+--log-formats 1 2 runs each size in both raw-log formats, side by side: v1 lines carry titles, v2
+lines carry doc ids with the titles in a catalogue side table (docs/raw-log-format.md).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import psutil
 from core.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("simulate", "clean", "vocab", "negatives")
 HOME_DEPOT = ROOT.parent / "shared" / "data" / "homedepot-search-relevance" / "train.csv.zip"
 
 
@@ -65,19 +70,24 @@ def main() -> None:
         help="judged set to simulate from (default: Home Depot if present, else the embedded one)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench-work" / "jobs_bench.json")
+    parser.add_argument("--log-formats", nargs="+", type=int, default=[1], help="raw-log formats (1, 2)")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     args = parser.parse_args()
 
     results = []
-    for size in args.sizes:
-        work = args.workdir / f"{size}"
+    for size, log_format in [(size, f) for size in args.sizes for f in args.log_formats]:
+        work = args.workdir / (f"{size}" if log_format == 1 else f"{size}-v{log_format}")
         judged = ["--judgments", str(args.judgments)] if args.judgments else []
-        row = {"impressions": size}
+        judged += ["--log-format", str(log_format)]
+        row = {"impressions": size, "log_format": log_format}
         for stage, stage_args in [
             ("simulate", ["simulate", "--out", str(Layout(work).simulate), "--impressions", str(size), *judged]),
             ("clean", ["clean", "--input", str(Layout(work).simulate), "--out", str(Layout(work).clean)]),
             ("vocab", ["vocab", "--clean", str(Layout(work).clean), "--out", str(Layout(work).vocab)]),
             ("negatives", ["negatives", "--clean", str(Layout(work).clean), "--out", str(Layout(work).negatives)]),
         ]:
+            if stage not in args.stages:
+                continue
             extra = ["--master", "local[2]", "--force"] if stage != "simulate" else ["--force"]
             seconds, peak = run_measured([*stage_args, *extra])
             row[stage] = {
@@ -86,25 +96,31 @@ def main() -> None:
                 "peak_rss_gib": round(peak, 2),
             }
             print(
-                f"{size:>11,} {stage:<10} {seconds:8.1f}s {size / seconds:>10,.0f} imp/s  peak {peak:5.2f} GiB",
+                f"{size:>11,} v{log_format} {stage:<10} {seconds:8.1f}s {size / seconds:>10,.0f} imp/s"
+                f"  peak {peak:5.2f} GiB",
                 flush=True,
             )
         results.append(row)
 
     machine = f"{platform.node()}: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB"
     print(f"\nmachine: {machine}; judged set: {args.judgments or 'embedded default catalogue'}\n")
-    print("| impressions | stage | seconds | impressions/s | peak RSS (GiB) |")
-    print("|---:|---|---:|---:|---:|")
+    print("| impressions | log format | stage | seconds | impressions/s | peak RSS (GiB) |")
+    print("|---:|---:|---|---:|---:|---:|")
     for row in results:
-        for stage in ("simulate", "clean", "vocab", "negatives"):
+        for stage in (s for s in STAGES if s in row):
             r = row[stage]
-            cells = [f"{row['impressions']:,}", stage, r["seconds"], f"{r['impressions_per_s']:,}", r["peak_rss_gib"]]
+            cells = [f"{row['impressions']:,}", f"v{row['log_format']}", stage, r["seconds"]]
+            cells += [f"{r['impressions_per_s']:,}", r["peak_rss_gib"]]
             print("| " + " | ".join(map(str, cells)) + " |")
-    if len(results) >= 2:
-        small, large = results[0], results[-1]
-        for stage in ("clean", "vocab", "negatives"):
+    for log_format in args.log_formats:
+        rows = [r for r in results if r["log_format"] == log_format]
+        if len(rows) < 2:
+            continue
+        small, large = rows[0], rows[-1]
+        for stage in (s for s in ("clean", "vocab", "negatives") if s in small):
             ratio = large[stage]["seconds"] / small[stage]["seconds"]
-            print(f"{stage}: {large['impressions'] / small['impressions']:.0f}x the data in {ratio:.1f}x the time")
+            growth = large["impressions"] / small["impressions"]
+            print(f"v{log_format} {stage}: {growth:.0f}x the data in {ratio:.1f}x the time")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"machine": machine, "judgments": str(args.judgments), "results": results}, indent=2)

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from core.artifacts import code_fingerprint, content_sha256, data_files, publish, read_manifest
 from core.errors import DssmError
-from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches
+from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches, read_catalogue
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
@@ -46,6 +46,7 @@ class CleanConfig:
     bot_min_click_rate: float = 0.8
     max_malformed_rate: float = 0.5  # above this share of malformed lines the input is refused
     rows_per_file: int = 1_000_000
+    catalogue: str = ""  # v2 logs' side table (Parquet: doc_id, title); empty: a simulate output's own, if any
 
 
 def resolve_input(path: str) -> str:
@@ -64,14 +65,31 @@ def resolve_input(path: str) -> str:
     return str(p)
 
 
-def parse(raw: DataFrame) -> DataFrame:
-    """One row per line (schema `jobs.rawlog.PARSED`), parsed by `jobs.rawlog.parse_line`."""
+def parse(raw: DataFrame, catalogue: dict[str, str] | None = None) -> DataFrame:
+    """One row per line (schema `jobs.rawlog.PARSED`), parsed by `jobs.rawlog.parse_line`; v2 lines
+    look their doc ids up in `catalogue` (doc id -> normalised title), broadcast once to the executors."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     numbered = raw.select(
         F.col("_metadata.file_path").alias("source"), F.monotonically_increasing_id().alias("line"), "value"
     )
-    return numbered.mapInArrow(parse_batches, from_arrow_schema(PARSED))
+    if not catalogue:
+        return numbered.mapInArrow(parse_batches, from_arrow_schema(PARSED))
+    shared = raw.sparkSession.sparkContext.broadcast(catalogue)
+    return numbered.mapInArrow(lambda batches: parse_batches(batches, shared.value), from_arrow_schema(PARSED))
+
+
+def resolve_catalogue(input_path: str, cfg: CleanConfig) -> Path | None:
+    """The catalogue side table: the configured one, else a `dssm simulate` output's own (v2 logs)."""
+    from jobs.simulate import CATALOGUE_FILE
+
+    if cfg.catalogue:
+        path = Path(cfg.catalogue)
+        if not path.exists():
+            raise DssmError(f"catalogue not found: {path}")
+        return path
+    own = Path(input_path) / CATALOGUE_FILE
+    return own if "://" not in input_path and own.is_file() else None
 
 
 def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
@@ -142,12 +160,17 @@ def clean(
     remote = "://" in source or any(ch in source for ch in "*?[")
     source_hash = None if remote else content_sha256(Path(source))
     inputs = {"raw": {"path": source, "sha256": source_hash}}
+    catalogue_path = resolve_catalogue(input_path, cfg)
+    if catalogue_path is not None:
+        inputs["catalogue"] = {"path": str(catalogue_path), "sha256": content_sha256(catalogue_path)}
 
     def build(tmp: Path) -> dict[str, Any]:
         scratch = tmp / "_parsed"
         with timed("parse and validate"):
             try:
-                parse(spark.read.option("recursiveFileLookup", "true").text(source)).write.parquet(str(scratch))
+                catalogue = read_catalogue(catalogue_path) if catalogue_path else None
+                raw = spark.read.option("recursiveFileLookup", "true").text(source)
+                parse(raw, catalogue).write.parquet(str(scratch))
             except Exception:
                 damaged = None if remote else damaged_input(Path(source))
                 if damaged:  # Spark's own message names no file
@@ -231,7 +254,8 @@ def clean(
         }
 
     with cluster_errors():
-        return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force=force or remote)
+        params = {k: v for k, v in asdict(cfg).items() if k != "catalogue"}  # its hash is an input
+        return publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force or remote)
 
 
 def damaged_input(source: Path) -> str | None:
@@ -269,6 +293,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--input", required=True, help="raw log file, directory, glob or a `dssm simulate` output")
     p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--catalogue",
+        default="",
+        help="v2 logs: the catalogue side table (Parquet: doc_id, title); default: a simulate output's own",
+    )
     add_spark_options(p)
     d = CleanConfig()
     g = p.add_argument_group("rules")

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from core.text import norm
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # results carry their titles
+FORMAT_VERSIONS = (1, 2)  # 2: results carry doc ids only; titles come from the catalogue side table
 REQUIRED = ("v", "impression_id", "ts", "user_id", "query", "results", "clicks")
 _TYPES: dict[str, type] = {
     "v": int,
@@ -38,6 +39,7 @@ MALFORMED_REASONS = (
     "unsupported_version",
     "bad_value",
 )
+UNKNOWN_DOC = "unknown_doc"  # a v2 result whose doc id the catalogue lacks (or no catalogue was given)
 MAX_POSITION = 2**31 - 1  # positions are stored as int32
 
 PARSED = pa.schema(
@@ -80,9 +82,9 @@ class Malformed(ValueError):
 _title_norms: dict[str, str] = {}
 
 
-def parse_line(line: str | bytes) -> Impression:
+def parse_line(line: str | bytes, catalogue: dict[str, str] | None = None) -> Impression:
     """The impression on `line` (text, or the raw bytes of a log line), or `Malformed` with the first
-    reason that applies.
+    reason that applies. `catalogue` maps doc ids to normalised titles for v2 lines.
 
     This runs once per log line, so checks are list comprehensions and exact `type() is`
     tests (which also keep a JSON `true` from passing for the integer 1).
@@ -103,35 +105,50 @@ def parse_line(line: str | bytes) -> Impression:
     wrong = [f for f, kind in _TYPES.items() if type(record[f]) is not kind]
     if wrong:
         raise Malformed("wrong_type", ",".join(wrong))
-    if record["v"] != FORMAT_VERSION:
+    if record["v"] not in FORMAT_VERSIONS:
         raise Malformed("unsupported_version", f"v={record['v']}")
     try:
         ts_ms = int(datetime.fromisoformat(record["ts"]).timestamp() * 1000)
     except (ValueError, OverflowError, OSError):
         raise Malformed("bad_value", "ts") from None
     results, clicks = record["results"], record["clicks"]
+    named = "title" if record["v"] == 1 else "doc_id"
     try:
         positions = [r["position"] for r in results]
-        titles = [r["title"] for r in results]
+        titles = [r[named] for r in results]
         clicked = [c["position"] for c in clicks]
         dwells = [c.get("dwell_ms", 0) for c in clicks]
     except (TypeError, KeyError, AttributeError):
-        raise Malformed("wrong_type", "results[]/clicks[] entries need position and title") from None
+        raise Malformed("wrong_type", f"results[]/clicks[] entries need position and {named}") from None
     if any(type(p) is not int for p in positions + clicked) or any(type(t) is not str for t in titles):
-        raise Malformed("wrong_type", "results[].position/title or clicks[].position")
+        raise Malformed("wrong_type", f"results[].position/{named} or clicks[].position")
     if not positions or min(positions) < 1 or len(set(positions)) != len(positions):
         raise Malformed("bad_value", "results: none, a position < 1, or a repeated position")
     if max(positions) > MAX_POSITION:
         raise Malformed("bad_value", f"results: a position above {MAX_POSITION}")
     if not set(clicked) <= set(positions) or any(type(d) is not int or d < 0 for d in dwells):
         raise Malformed("bad_value", "clicks: a position not shown, or a bad dwell_ms")
-    cache = _title_norms
-    if len(cache) > 200_000:
-        cache.clear()
-    normed = [cache.get(t) or cache.setdefault(t, norm(t)) for t in titles]
+    if named == "doc_id":
+        normed = [catalogue.get(d) for d in titles] if catalogue else [None]
+        if None in normed:
+            unknown = titles[normed.index(None)] if catalogue else "any: no catalogue was given"
+            raise Malformed(UNKNOWN_DOC, f"doc_id {unknown}")
+    else:
+        cache = _title_norms
+        if len(cache) > 200_000:
+            cache.clear()
+        normed = [cache.get(t) or cache.setdefault(t, norm(t)) for t in titles]
     return Impression(
         record["impression_id"], record["user_id"], ts_ms, norm(record["query"]), normed, positions, clicked
     )
+
+
+def read_catalogue(path) -> dict[str, str]:
+    """A catalogue side table (Parquet: doc_id, title) as doc id -> normalised title."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["doc_id", "title"])
+    return dict(zip(table.column("doc_id").to_pylist(), map(norm, table.column("title").to_pylist()), strict=True))
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -142,8 +159,11 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow.
+def parse_batches(
+    batches: Iterator[pa.RecordBatch], catalogue: dict[str, str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow. `catalogue`:
+    doc id -> normalised title, for v2 lines.
 
     Lines are read as bytes (a zero-copy view of the text column): a line that is not valid UTF-8
     is quarantined as invalid_utf8 instead of failing the whole batch when Arrow decodes it."""
@@ -157,7 +177,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
         try:
             for value in values:
                 try:
-                    imp = parse_line(value or b"")
+                    imp = parse_line(value or b"", catalogue)
                     rows.append((None, None, None, *imp, len(imp.titles), len(imp.clicked)))
                 except Malformed as bad:
                     kept = value.decode("utf-8", "backslashreplace") if value is not None else None

@@ -72,6 +72,13 @@ NEGATIVES = pa.schema(
     ]
 )
 
+CATALOGUE = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("title", pa.string(), nullable=False),  # as the catalogue writes it (clean normalises)
+    ]
+)
+
 EMBEDDINGS = pa.schema(
     [
         pa.field("title", pa.string(), nullable=False),

@@ -34,10 +34,11 @@ from core.artifacts import code_fingerprint, publish
 from core.errors import DssmError
 from core.judgments import JudgedPair
 from core.text import is_test_query, norm
-from jobs.rawlog import FORMAT_VERSION
-from jobs.schemas import TEST_PAIRS
+from jobs.rawlog import FORMAT_VERSIONS
+from jobs.schemas import CATALOGUE, TEST_PAIRS
 
 log = logging.getLogger(__name__)
+CATALOGUE_FILE = "catalogue.parquet"  # a v2 log's side table, beside logs/
 CHUNK = 8192
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -80,6 +81,7 @@ class SimulationConfig:
     shards: int = 0  # 0: one shard per 250k impressions
     workers: int = 0  # 0: as many as CPUs (at most the shards)
     gzip: bool = True
+    log_format: int = 1  # 1: results carry titles; 2: doc ids, titles in catalogue.parquet (docs/raw-log-format.md)
     model: ClickModel = field(default_factory=ClickModel)
     dirt: DirtRates = field(default_factory=DirtRates)
 
@@ -94,6 +96,8 @@ class Catalogue:
     queries: list[str]
     title_json: list[str]  # per title: '"doc_id":"…","title":"…"' (escaped once, reused per line)
     title_json_dirty: list[str]
+    doc_json: list[str]  # per title: '"doc_id":"…"' (format 2)
+    titles: list[str]
     judged: np.ndarray  # (Q, L) title ids, -1 padded
     relevance: np.ndarray  # (Q, L) in [0, 1], -inf padded
 
@@ -153,6 +157,8 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int) -> Catalogue:
         queries=queries,
         title_json=[fragment(t, t) for t in titles],
         title_json_dirty=[fragment(t, _dirty_title(t)) for t in titles],
+        doc_json=[f'"doc_id":"{_doc_id(t)}"' for t in titles],
+        titles=titles,
         judged=judged,
         relevance=relevance,
     )
@@ -217,7 +223,7 @@ class _ShardWriter:
         dirty_titles: np.ndarray,
         queries: list[str] | None = None,
     ) -> None:
-        cat, dirt, rng = self.cat, self.cfg.dirt, self.rng
+        cat, dirt, rng, version = self.cat, self.cfg.dirt, self.rng, self.cfg.log_format
         stamps = np.datetime_as_string(ts.astype("datetime64[ms]"), unit="ms")
         per_line = rng.random((len(ts), 2))
         for i in range(len(ts)):
@@ -227,12 +233,15 @@ class _ShardWriter:
                 tid = row[pos]
                 if tid < 0:
                     break
-                frag = cat.title_json_dirty[tid] if dirty_titles[i, pos] else cat.title_json[tid]
+                if version == 2:  # titles live in the catalogue: no per-line title dirt to show
+                    frag = cat.doc_json[tid]
+                else:
+                    frag = cat.title_json_dirty[tid] if dirty_titles[i, pos] else cat.title_json[tid]
                 results.append(f'{{"position":{pos + 1},{frag}}}')
             clicks = [f'{{"position":{p + 1},"dwell_ms":{int(dwell[i, p])}}}' for p in np.flatnonzero(clicked[i])]
             query = queries[i] if queries is not None else _dirty_query(cat.queries[query_ids[i]], rng, dirt)
             line = (
-                f'{{"v":{FORMAT_VERSION},"impression_id":"{self.shard:04x}-{self.counter:08x}",'
+                f'{{"v":{version},"impression_id":"{self.shard:04x}-{self.counter:08x}",'
                 f'"ts":"{stamps[i]}Z","user_id":"u{users[i]:08d}","session_id":"s{sessions[i]:012x}",'
                 f'"query":{orjson.dumps(query).decode()},"results":[{",".join(results)}],'
                 f'"clicks":[{",".join(clicks)}]}}'
@@ -373,11 +382,14 @@ def simulate(
     """
     if cfg.impressions < 1:
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
+    if cfg.log_format not in FORMAT_VERSIONS:
+        raise DssmError(f"log format must be one of {FORMAT_VERSIONS}, got {cfg.log_format}")
     params = {
         "impressions": cfg.impressions,
         "seed": cfg.seed,
         "shards": cfg.shard_count(),
         "gzip": cfg.gzip,
+        **({"log_format": cfg.log_format} if cfg.log_format != 1 else {}),  # v1 outputs keep their input key
         "click_model": asdict(cfg.model),
         "dirt": asdict(cfg.dirt),
     }
@@ -397,8 +409,10 @@ def simulate(
                 if progress:
                     progress(counts["impressions"])
         write_test_pairs(test, tmp / "test_pairs.parquet")
+        if cfg.log_format == 2:
+            write_catalogue(cat, tmp / CATALOGUE_FILE)
         return {
-            "format": f"dssm.impressions/{FORMAT_VERSION}",
+            "format": f"dssm.impressions/{cfg.log_format}",
             "counts": {
                 **totals,
                 "train_queries": len(cat.queries),
@@ -411,6 +425,12 @@ def simulate(
     # The column spec is a parameter: the same file read with other columns is another judged set.
     params |= {"spec": source.get("spec")}
     return publish(out, "simulate", code_fingerprint(__name__), {"judgments": source}, params, build, force)
+
+
+def write_catalogue(cat: Catalogue, path: Path) -> None:
+    """The catalogue side table of a v2 log: every title's doc id and title."""
+    table = pa.table({"doc_id": [_doc_id(t) for t in cat.titles], "title": cat.titles}, schema=CATALOGUE)
+    pq.write_table(table, path)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -435,6 +455,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shards", type=int, default=d.shards, help="output files (default: one per 250k impressions)")
     g.add_argument("--workers", type=int, default=d.workers, help="parallel processes (default: CPUs)")
     g.add_argument("--no-gzip", dest="gzip", action="store_false", help="write plain .jsonl")
+    g.add_argument(
+        "--log-format",
+        type=int,
+        choices=FORMAT_VERSIONS,
+        default=d.log_format,
+        help="1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (default: %(default)s)",
+    )
 
 
 def command(args: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from core.artifacts import content_sha256, read_manifest
 from core.errors import DssmError
-from jobs.clean import clean
+from jobs.clean import CleanConfig, clean
 
 
 def test_counts_reconcile_and_every_reject_has_a_reason(pipeline):
@@ -158,3 +158,42 @@ def test_a_truncated_gzip_input_is_named_in_the_error(spark, tmp_path, pipeline)
     with pytest.raises(DssmError, match=f"{victim.name}: a damaged gzip file"):
         clean(spark, str(logs), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_are_quarantined(spark, tmp_path):
+    from core.judgments import read_judgments
+    from jobs.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate import SimulationConfig, simulate
+
+    pairs = read_judgments(DEFAULT_CATALOGUE)
+    outputs = {}
+    for version in (1, 2):
+        sim = tmp_path / f"sim{version}"
+        cfg = SimulationConfig(impressions=5_000, shards=1, workers=1, log_format=version)
+        simulate(pairs, sim, cfg, {"path": "default", "sha256": "default"})
+        outputs[version] = clean(spark, str(sim), tmp_path / f"clean{version}")
+    assert (tmp_path / "sim2" / "catalogue.parquet").is_file() and not (
+        tmp_path / "sim1" / "catalogue.parquet"
+    ).exists()
+    v1 = gzip.open(next((tmp_path / "sim1" / "logs").glob("part-*")), "rt").read()
+    v2 = gzip.open(next((tmp_path / "sim2" / "logs").glob("part-*")), "rt").read()
+    assert '"title"' in v1 and '"title"' not in v2 and len(v2) < 0.7 * len(v1)  # ids instead of titles
+    assert outputs[1]["counts"] == outputs[2]["counts"]
+    assert outputs[2]["inputs"]["catalogue"]["path"] == str(tmp_path / "sim2" / "catalogue.parquet")
+    for dataset in ("pairs", "titles"):
+        assert pq.read_table(tmp_path / "clean1" / dataset).equals(pq.read_table(tmp_path / "clean2" / dataset))
+
+    # a doc id the catalogue lacks: that line is quarantined with its reason, the rest kept, counts reconcile
+    record = json.loads(v2.splitlines()[0])
+    record["impression_id"], record["results"][0]["doc_id"] = "unknown-doc", "d000000000000"
+    logs = tmp_path / "mixed"
+    shutil.copytree(tmp_path / "sim2" / "logs", logs)
+    (logs / "extra.jsonl").write_text(json.dumps(record) + "\n")
+    m = clean(
+        spark, str(logs), tmp_path / "clean-mixed", CleanConfig(catalogue=str(tmp_path / "sim2" / "catalogue.parquet"))
+    )
+    c = m["counts"]
+    assert c["rejected_by_reason"]["unknown_doc"] == 1 and c["lines_read"] == c["kept"] + c["rejected"]
+    assert c["kept"] == outputs[2]["counts"]["kept"]
+    rejects = pq.read_table(tmp_path / "clean-mixed" / "rejects").to_pylist()
+    assert [r["detail"] for r in rejects if r["reason"] == "unknown_doc"] == ["doc_id d000000000000"]

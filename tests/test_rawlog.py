@@ -46,7 +46,7 @@ def test_a_good_line_is_normalised():
         (line(v=True), "wrong_type"),
         (line(results=[{"position": "1", "title": "x"}]), "wrong_type"),
         (line(clicks={"position": 1}), "wrong_type"),
-        (line(v=2), "unsupported_version"),
+        (line(v=3), "unsupported_version"),
         (line(ts="yesterday"), "bad_value"),
         (line(results=[]), "bad_value"),
         (line(clicks=[{"position": 7, "dwell_ms": 5}]), "bad_value"),
@@ -94,3 +94,22 @@ def test_random_byte_flips_never_fail_a_batch_and_every_line_is_accounted_for():
     assert reasons.count("invalid_utf8") > 0 and reasons.count(None) > 0
     raws = out.column("raw").to_pylist()
     assert all((r is None) == (reason is None) for r, reason in zip(raws, reasons, strict=True))
+
+
+def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_quarantined():
+    catalogue = {"d1": "star drive deck screws", "d2": "wood glue"}
+    v2 = {"v": 2, "results": [{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "d2"}]}
+    imp = parse_line(line(**v2), catalogue)
+    assert (imp.titles, imp.positions, imp.clicked) == (["star drive deck screws", "wood glue"], [1, 2], [2])
+    assert parse_line(line(**v2), catalogue) == parse_line(line(), catalogue)  # the same impression as v1
+
+    unknown = {"v": 2, "results": [{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "d9"}]}
+    with pytest.raises(Malformed) as bad:
+        parse_line(line(**unknown), catalogue)
+    assert (bad.value.reason, bad.value.detail) == ("unknown_doc", "doc_id d9")
+    with pytest.raises(Malformed) as bad:
+        parse_line(line(**v2))  # a v2 line read without a catalogue
+    assert bad.value.reason == "unknown_doc" and "no catalogue" in bad.value.detail
+    with pytest.raises(Malformed) as bad:
+        parse_line(line(v=2, results=[{"position": 1, "title": "wood glue"}]), catalogue)  # v2 names doc ids
+    assert bad.value.reason == "wrong_type" and "doc_id" in bad.value.detail
