@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,36 @@ def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
 
 TINY_PRODUCTS = ["drill", "hammer", "paint", "ladder", "faucet", "shovel", "mower", "lamp", "rug", "sink"]
 TINY_ATTRIBUTES = ["cordless", "steel", "white", "outdoor", "led", "small", "heavy", "brass"]
+
+
+@contextmanager
+def http_service(cmd: list[str], log: Path, health_url: str, timeout: float = 120, **popen) -> Iterator[None]:
+    """A real server process (`mlflow server`, `mlflow models serve`) that answers `health_url` with
+    200 within `timeout` seconds; terminated on exit. Its output goes to `log`, shown if it fails."""
+    import subprocess
+    import time
+    import urllib.request
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **popen)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    if urllib.request.urlopen(health_url, timeout=2).status == 200:
+                        break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{' '.join(cmd[:5])} did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.5)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def free_port() -> int:

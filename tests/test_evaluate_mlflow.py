@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
-from conftest import free_port, tiny_model, write_judged
+from conftest import free_port, http_service, tiny_model, write_judged
 
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
@@ -34,27 +32,9 @@ def mlflow_server(tmp_path_factory):
         "--artifacts-destination", str(root / "artifacts"),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield uri
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with http_service(cmd, root / "server.log", f"{uri}/health", timeout=90):
+        yield uri
 
 
 def evaluate(*args: str) -> dict:

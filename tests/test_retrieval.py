@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, tiny_model, write_judged
+from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, http_service, tiny_model, write_judged
 
 from dssm.cli import main as dssm_main
 from evaluation.neural import TwoTowerEmbedder
@@ -142,20 +141,8 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # uvicorn of this env
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/dssm-tiny@champion",
            "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if urllib.request.urlopen(f"{base}/ping", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow models serve did not start: {(tmp_path / 'serve.log').read_text()[-2000:]}")
-            time.sleep(0.5)
+    with http_service(cmd, tmp_path / "serve.log", f"{base}/ping", env=env, cwd=tmp_path):
         queries, titles = ["cordless drill", "white lamp"], ["steel drill kit", "brass rug pro"]
         frame = {
             "dataframe_split": {
@@ -181,13 +168,6 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
         assert status == 400 and "output must be one of" in body["message"]
         status, body = post(f"{base}/invocations", b"not json")
         assert status == 400 and "valid JSON" in body["message"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_a_hybrid_retriever_rescores_the_union_of_vector_and_bm25_candidates(registered):
