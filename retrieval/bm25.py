@@ -15,12 +15,21 @@ import numpy as np
 from core.text import words
 
 
+def _bm25s():
+    """bm25s, imported; it sets its logger to DEBUG at import, which would print every index build."""
+    import logging
+
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
 class CatalogueBM25:
     """Every title indexed once; `search` ranks the whole catalogue for each query."""
 
     def __init__(self, titles: list[str], k1: float = 1.2, b: float = 0.75, index=None):
-        import bm25s
-
+        bm25s = _bm25s()
         self.titles = titles
         self.k1 = k1
         if index is None:
@@ -34,9 +43,7 @@ class CatalogueBM25:
 
     @classmethod
     def load(cls, directory: Path, titles: list[str]) -> CatalogueBM25:
-        import bm25s
-
-        index = bm25s.BM25.load(str(directory), show_progress=False, verbosity=0)
+        index = _bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
         return cls(titles, index.k1, index.b, index)
 
     def scores(self, query: str) -> np.ndarray:
