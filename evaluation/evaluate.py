@@ -77,7 +77,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
-            dev = _inputs(cfg, uri)[0]["hybrid_dev"]
+            dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
             datasets.append(("hybrid_dev", dev["path"], dev["sha256"], "tuning"))
         run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets)
         try:

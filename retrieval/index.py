@@ -95,8 +95,10 @@ def catalogue_titles(spark, source: Path):
         raise DssmError(f"--titles {source}: not found")
     if "title" not in df.columns:
         raise DssmError(f"--titles {source}: no `title` column (columns: {', '.join(df.columns)})")
-    title = F.lower(F.trim(F.regexp_replace(F.col("title"), r"\s+", " ")))  # core.text.norm
-    return df.select(title.alias("title")).where(F.col("title") != "").distinct()
+    from core.text import norm
+
+    normalised = F.pandas_udf(lambda titles: titles.fillna("").map(norm), "string")  # exactly PROTOCOL.md §2
+    return df.select(normalised(F.col("title").cast("string")).alias("title")).where(F.col("title") != "").distinct()
 
 
 def build_faiss(vectors, cfg: IndexConfig):
