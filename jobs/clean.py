@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -65,17 +66,17 @@ def resolve_input(path: str) -> str:
     return str(p)
 
 
-def parse(raw: DataFrame, catalogue: dict[str, str] | None = None) -> DataFrame:
+def parse(raw: DataFrame, doc_ids: dict[str, int] | None = None) -> DataFrame:
     """One row per line (schema `jobs.rawlog.PARSED`), parsed by `jobs.rawlog.parse_line`; v2 lines
-    look their doc ids up in `catalogue` (doc id -> normalised title), broadcast once to the executors."""
+    look their doc ids up in `doc_ids` (`Catalogue.ids`), broadcast once to the executors."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     numbered = raw.select(
         F.col("_metadata.file_path").alias("source"), F.monotonically_increasing_id().alias("line"), "value"
     )
-    if not catalogue:
+    if not doc_ids:
         return numbered.mapInArrow(parse_batches, from_arrow_schema(PARSED))
-    shared = raw.sparkSession.sparkContext.broadcast(catalogue)
+    shared = raw.sparkSession.sparkContext.broadcast(doc_ids)
     return numbered.mapInArrow(lambda batches: parse_batches(batches, shared.value), from_arrow_schema(PARSED))
 
 
@@ -104,49 +105,73 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
         "clicks",
         "shown",
     )
-    first = Window.partitionBy("impression_id").orderBy("line")
-    # Persisted (small columns only): every rule below reads it, the window runs once.
-    ranked = good.withColumn("n", F.row_number().over(first)).persist()
-    duplicates = ranked.where("n > 1").select("line", F.lit("duplicate_event").alias("rule"))
-    unique = ranked.where("n = 1")
+    # Repeated impression ids are rare: aggregate the ids (no sort) and look the few repeats up.
+    repeated = (
+        good.groupBy("impression_id")
+        .agg(F.min("line").alias("first"), F.count("*").alias("n"))
+        .where("n > 1")
+        .drop("n")
+    )
+    flagged = good.join(repeated, "impression_id", "left").withColumn(
+        "duplicate", F.coalesce(F.col("line") != F.col("first"), F.lit(False))
+    )
+    duplicates = flagged.where("duplicate").select("line", F.lit("duplicate_event").alias("rule"))
+    unique = flagged.where(~F.col("duplicate"))
     empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
     humans_or_bots = unique.where(~F.col("empty"))
     # Impressions in the 60 s from each one of the user's on: a sliding window, so a burst that
-    # straddles a minute boundary counts whole (calendar minutes would split it in two).
+    # straddles a minute boundary counts whole (calendar minutes would split it in two). One
+    # shuffle by user serves the window and the per-user totals.
     next_minute = Window.partitionBy("user_id").orderBy("ts_ms").rangeBetween(0, 59_999)
-    per_minute = (
-        humans_or_bots.select("user_id", F.count("*").over(next_minute).alias("in_minute"))
+    per_user = (
+        humans_or_bots.select("user_id", "clicks", "shown", F.count("*").over(next_minute).alias("in_minute"))
         .groupBy("user_id")
-        .agg(F.max("in_minute").alias("peak_per_minute"))
-    )
-    per_user = humans_or_bots.groupBy("user_id").agg(
-        F.count("*").alias("impressions"),
-        F.sum("clicks").alias("clicks"),
-        F.sum("shown").alias("shown"),
-    )
-    bots = (
-        per_user.join(per_minute, "user_id")
-        .where(
-            (F.col("peak_per_minute") > cfg.bot_max_per_minute)
-            | (
-                (F.col("impressions") >= cfg.bot_min_impressions)
-                & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown"))
-            )
+        .agg(
+            F.max("in_minute").alias("peak_per_minute"),
+            F.count("*").alias("impressions"),
+            F.sum("clicks").alias("clicks"),
+            F.sum("shown").alias("shown"),
         )
-        .select("user_id")
     )
+    bots = per_user.where(
+        (F.col("peak_per_minute") > cfg.bot_max_per_minute)
+        | (
+            (F.col("impressions") >= cfg.bot_min_impressions)
+            & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown"))
+        )
+    ).select("user_id")
     bot_lines = humans_or_bots.join(F.broadcast(bots), "user_id").select("line", F.lit("bot_user").alias("rule"))
     return duplicates.unionByName(empty).unionByName(bot_lines)
 
 
-def click_pairs(kept: DataFrame) -> DataFrame:
-    """Per (query, title) shown: impressions and clicks."""
-    shown = kept.select(
+def click_pairs(kept: DataFrame, versions: set[int], catalogue_titles: DataFrame | None) -> DataFrame:
+    """Per (query, title) shown: impressions and clicks. v2 lines are counted by title id and named
+    from `catalogue_titles` (title_id, title) afterwards, so no title string is shuffled per result."""
+    counted = []
+    if 1 in versions:
+        counted.append(_shown_counts(kept.where(F.col("v") == 1), "titles", "title"))
+    if 2 in versions:
+        by_id = _shown_counts(kept.where(F.col("v") == 2), "title_ids", "title_id")
+        counted.append(by_id.join(F.broadcast(catalogue_titles), "title_id").drop("title_id"))
+    if len(counted) == 1:
+        return counted[0]
+    # A sum of counts is never null; coalesce says so to Spark, so that the written schema (its
+    # nullability) is the single-format runs' own.
+    return (
+        counted[0]
+        .unionByName(counted[1])
+        .groupBy("query", "title")
+        .agg(F.sum("clicks").alias("clicks"), F.coalesce(F.sum("impressions"), F.lit(0)).alias("impressions"))
+    )
+
+
+def _shown_counts(rows: DataFrame, results: str, key: str) -> DataFrame:
+    shown = rows.select(
         "query",
-        F.explode(F.arrays_zip(F.col("titles").alias("title"), F.col("positions").alias("position"))).alias("r"),
+        F.explode(F.arrays_zip(F.col(results).alias(key), F.col("positions").alias("position"))).alias("r"),
         "clicked",
     )
-    return shown.groupBy("query", F.col("r.title").alias("title")).agg(
+    return shown.groupBy("query", F.col(f"r.{key}").alias(key)).agg(
         F.sum(F.array_contains("clicked", F.col("r.position")).cast("long")).alias("clicks"),
         F.count("*").alias("impressions"),
     )
@@ -170,7 +195,7 @@ def clean(
             try:
                 catalogue = read_catalogue(catalogue_path) if catalogue_path else None
                 raw = spark.read.option("recursiveFileLookup", "true").text(source)
-                parse(raw, catalogue).write.parquet(str(scratch))
+                parse(raw, catalogue.ids if catalogue else None).write.parquet(str(scratch))
             except Exception:
                 damaged = None if remote else damaged_input(Path(source))
                 if damaged:  # Spark's own message names no file
@@ -189,7 +214,11 @@ def clean(
             "status", F.coalesce("reason", "rule", F.lit("kept"))
         )
         with timed("reconcile counts"):
-            counts = {r["status"]: r["count"] for r in status.groupBy("status").count().collect()}
+            counted = status.groupBy("status", "v").count().collect()
+        counts: dict[str, int] = {}
+        for r in counted:
+            counts[r["status"]] = counts.get(r["status"], 0) + r["count"]
+        versions = {r["v"] for r in counted if r["status"] == "kept"}
         kept_n = counts.pop("kept", 0)
         rejected = sum(counts.values())
         malformed = sum(n for reason, n in counts.items() if reason in MALFORMED_REASONS)
@@ -203,7 +232,12 @@ def clean(
 
         kept = status.where(F.col("status") == "kept")
         with timed("count clicks per pair"):
-            all_pairs = click_pairs(kept).persist()
+            titles_by_id = None
+            if catalogue is not None:
+                titles_by_id = spark.createDataFrame(
+                    pa.table({"title_id": pa.array(range(len(catalogue.titles)), pa.int32()), "title": catalogue.titles})
+                )
+            all_pairs = click_pairs(kept, versions, titles_by_id).persist()
             pairs_total = all_pairs.count()
         with timed("write pairs and titles"):
             clicked = all_pairs.where(F.col("clicks") > 0)

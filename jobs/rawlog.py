@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from datetime import datetime
+from operator import itemgetter
 from typing import NamedTuple
 
 import orjson
@@ -53,7 +54,9 @@ PARSED = pa.schema(
         pa.field("user_id", pa.string()),
         pa.field("ts_ms", pa.int64()),
         pa.field("query", pa.string()),  # normalised
-        pa.field("titles", pa.list_(pa.string())),  # normalised, in position order
+        pa.field("v", pa.int8()),  # the line's format version
+        pa.field("titles", pa.list_(pa.string())),  # v1: normalised titles, in the results' order
+        pa.field("title_ids", pa.list_(pa.int32())),  # v2: rows of the catalogue's `titles`, in that order
         pa.field("positions", pa.list_(pa.int32())),
         pa.field("clicked", pa.list_(pa.int32())),  # clicked positions
         pa.field("shown", pa.int32()),  # results shown and clicks: what the bot rule reads
@@ -67,9 +70,19 @@ class Impression(NamedTuple):
     user_id: str
     ts_ms: int
     query: str
-    titles: list[str]
+    v: int
+    titles: list[str] | None  # v1
+    title_ids: list[int] | None  # v2: rows of `Catalogue.titles`
     positions: list[int]
     clicked: list[int]
+
+
+class Catalogue(NamedTuple):
+    """A v2 log's side table, as clean uses it: titles are carried as small ints until the pairs
+    are counted, and named only then."""
+
+    ids: dict[str, int]  # doc id -> row of `titles`
+    titles: list[str]  # distinct normalised titles, sorted
 
 
 class Malformed(ValueError):
@@ -80,14 +93,19 @@ class Malformed(ValueError):
 
 # Titles repeat across impressions: a bounded cache saves most of their normalisation.
 _title_norms: dict[str, str] = {}
+_FIELDS = tuple(_TYPES.items())
+_NAMES, _KINDS = tuple(_TYPES), tuple(_TYPES.values())
+_POSITION, _TITLE, _DOC_ID = itemgetter("position"), itemgetter("title"), itemgetter("doc_id")
+_INT, _STR = {int}, {str}
 
 
-def parse_line(line: str | bytes, catalogue: dict[str, str] | None = None) -> Impression:
+def parse_line(line: str | bytes, doc_ids: dict[str, int] | None = None) -> Impression:
     """The impression on `line` (text, or the raw bytes of a log line), or `Malformed` with the first
-    reason that applies. `catalogue` maps doc ids to normalised titles for v2 lines.
+    reason that applies. `doc_ids` maps a v2 line's doc ids to title ids (`Catalogue.ids`).
 
-    This runs once per log line, so checks are list comprehensions and exact `type() is`
-    tests (which also keep a JSON `true` from passing for the integer 1).
+    This runs once per log line (the bulk of clean's time), so the common, well-formed case takes
+    one pass per check: exact `type() is` tests (which also keep a JSON `true` from passing for
+    the integer 1), and the full list of what is wrong is built only for a malformed line.
     """
     try:
         record = orjson.loads(line)
@@ -99,56 +117,67 @@ def parse_line(line: str | bytes, catalogue: dict[str, str] | None = None) -> Im
         raise Malformed("invalid_json", str(e)[:120]) from None
     if type(record) is not dict:
         raise Malformed("not_an_object", type(record).__name__)
-    missing = [f for f in REQUIRED if record.get(f) is None]
-    if missing:
-        raise Malformed("missing_field", ",".join(missing))
-    wrong = [f for f, kind in _TYPES.items() if type(record[f]) is not kind]
-    if wrong:
-        raise Malformed("wrong_type", ",".join(wrong))
-    if record["v"] not in FORMAT_VERSIONS:
-        raise Malformed("unsupported_version", f"v={record['v']}")
+    if tuple(map(type, map(record.get, _NAMES))) != _KINDS:
+        _field_error(record)
+    version = record["v"]
+    if version not in FORMAT_VERSIONS:
+        raise Malformed("unsupported_version", f"v={version}")
     try:
         ts_ms = int(datetime.fromisoformat(record["ts"]).timestamp() * 1000)
     except (ValueError, OverflowError, OSError):
         raise Malformed("bad_value", "ts") from None
     results, clicks = record["results"], record["clicks"]
-    named = "title" if record["v"] == 1 else "doc_id"
+    named = "title" if version == 1 else "doc_id"
     try:
-        positions = [r["position"] for r in results]
-        titles = [r[named] for r in results]
-        clicked = [c["position"] for c in clicks]
+        positions = list(map(_POSITION, results))
+        titles = list(map(_TITLE if version == 1 else _DOC_ID, results))
+        clicked = list(map(_POSITION, clicks))
         dwells = [c.get("dwell_ms", 0) for c in clicks]
     except (TypeError, KeyError, AttributeError):
         raise Malformed("wrong_type", f"results[]/clicks[] entries need position and {named}") from None
-    if any(type(p) is not int for p in positions + clicked) or any(type(t) is not str for t in titles):
+    if not set(map(type, positions + clicked)) <= _INT or not set(map(type, titles)) <= _STR:
         raise Malformed("wrong_type", f"results[].position/{named} or clicks[].position")
-    if not positions or min(positions) < 1 or len(set(positions)) != len(positions):
+    shown = set(positions)
+    if not positions or min(positions) < 1 or len(shown) != len(positions):
         raise Malformed("bad_value", "results: none, a position < 1, or a repeated position")
     if max(positions) > MAX_POSITION:
         raise Malformed("bad_value", f"results: a position above {MAX_POSITION}")
-    if not set(clicked) <= set(positions) or any(type(d) is not int or d < 0 for d in dwells):
+    if not shown.issuperset(clicked) or (dwells and (not set(map(type, dwells)) <= _INT or min(dwells) < 0)):
         raise Malformed("bad_value", "clicks: a position not shown, or a bad dwell_ms")
-    if named == "doc_id":
-        normed = [catalogue.get(d) for d in titles] if catalogue else [None]
-        if None in normed:
-            unknown = titles[normed.index(None)] if catalogue else "any: no catalogue was given"
-            raise Malformed(UNKNOWN_DOC, f"doc_id {unknown}")
-    else:
-        cache = _title_norms
-        if len(cache) > 200_000:
-            cache.clear()
-        normed = [cache.get(t) or cache.setdefault(t, norm(t)) for t in titles]
-    return Impression(
-        record["impression_id"], record["user_id"], ts_ms, norm(record["query"]), normed, positions, clicked
-    )
+    query = norm(record["query"])
+    if version == 2:
+        try:
+            ids = list(map(doc_ids.__getitem__, titles)) if doc_ids else None
+        except KeyError as e:
+            raise Malformed(UNKNOWN_DOC, f"doc_id {e.args[0]}") from None
+        if ids is None:
+            raise Malformed(UNKNOWN_DOC, "doc_id any: no catalogue was given")
+        return Impression(record["impression_id"], record["user_id"], ts_ms, query, 2, None, ids, positions, clicked)
+    cache = _title_norms
+    if len(cache) > 200_000:
+        cache.clear()
+    normed = [cache.get(t) or cache.setdefault(t, norm(t)) for t in titles]
+    return Impression(record["impression_id"], record["user_id"], ts_ms, query, 1, normed, None, positions, clicked)
 
 
-def read_catalogue(path) -> dict[str, str]:
-    """A catalogue side table (Parquet: doc_id, title) as doc id -> normalised title."""
+def _field_error(record: dict) -> None:
+    """Raise the missing_field or wrong_type error of a record whose top-level fields do not all
+    have their types: every missing field, else every mistyped one."""
+    missing = [f for f in REQUIRED if record.get(f) is None]
+    if missing:
+        raise Malformed("missing_field", ",".join(missing))
+    raise Malformed("wrong_type", ",".join(f for f, kind in _FIELDS if type(record[f]) is not kind))
+
+
+def read_catalogue(path) -> Catalogue:
+    """A catalogue side table (Parquet: doc_id, title): doc ids to rows of its distinct normalised titles."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, columns=["doc_id", "title"])
-    return dict(zip(table.column("doc_id").to_pylist(), map(norm, table.column("title").to_pylist()), strict=True))
+    normed = list(map(norm, table.column("title").to_pylist()))
+    titles = sorted(set(normed))
+    row = {t: i for i, t in enumerate(titles)}
+    return Catalogue(dict(zip(table.column("doc_id").to_pylist(), (row[t] for t in normed), strict=True)), titles)
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -160,14 +189,14 @@ def _is_utf8(raw: bytes) -> bool:
 
 
 def parse_batches(
-    batches: Iterator[pa.RecordBatch], catalogue: dict[str, str] | None = None
+    batches: Iterator[pa.RecordBatch], doc_ids: dict[str, int] | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow. `catalogue`:
-    doc id -> normalised title, for v2 lines.
+    """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow. `doc_ids`:
+    v2 lines' doc id -> title id (`Catalogue.ids`).
 
     Lines are read as bytes (a zero-copy view of the text column): a line that is not valid UTF-8
     is quarantined as invalid_utf8 instead of failing the whole batch when Arrow decodes it."""
-    malformed_row = (None,) * 9
+    malformed_row = (None,) * (len(PARSED) - 5)
     for batch in batches:
         values = batch.column(2).cast(pa.binary()).to_pylist()
         rows = []
@@ -177,8 +206,8 @@ def parse_batches(
         try:
             for value in values:
                 try:
-                    imp = parse_line(value or b"", catalogue)
-                    rows.append((None, None, None, *imp, len(imp.titles), len(imp.clicked)))
+                    imp = parse_line(value or b"", doc_ids)
+                    rows.append((None, None, None, *imp, len(imp.positions), len(imp.clicked)))
                 except Malformed as bad:
                     kept = value.decode("utf-8", "backslashreplace") if value is not None else None
                     rows.append((bad.reason, bad.detail, kept, *malformed_row))

@@ -183,6 +183,17 @@ def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_
     for dataset in ("pairs", "titles"):
         assert pq.read_table(tmp_path / "clean1" / dataset).equals(pq.read_table(tmp_path / "clean2" / dataset))
 
+    # one input mixing both formats, line by line: v1 lines are counted by title, v2 by title id, and
+    # the same (query, title) from both is one pair
+    mixed_lines = [a if i % 2 else b for i, (a, b) in enumerate(zip(v1.splitlines(), v2.splitlines(), strict=True))]
+    (tmp_path / "both").mkdir()
+    (tmp_path / "both" / "log.jsonl").write_text("\n".join(mixed_lines) + "\n")
+    catalogue = str(tmp_path / "sim2" / "catalogue.parquet")
+    both = clean(spark, str(tmp_path / "both"), tmp_path / "clean-both", CleanConfig(catalogue=catalogue))
+    assert both["counts"] == outputs[1]["counts"]
+    for dataset in ("pairs", "titles"):
+        assert pq.read_table(tmp_path / "clean-both" / dataset).equals(pq.read_table(tmp_path / "clean1" / dataset))
+
     # a doc id the catalogue lacks: that line is quarantined with its reason, the rest kept, counts reconcile
     record = json.loads(v2.splitlines()[0])
     record["impression_id"], record["results"][0]["doc_id"] = "unknown-doc", "d000000000000"

@@ -96,12 +96,24 @@ def test_random_byte_flips_never_fail_a_batch_and_every_line_is_accounted_for():
     assert all((r is None) == (reason is None) for r, reason in zip(raws, reasons, strict=True))
 
 
-def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_quarantined():
-    catalogue = {"d1": "star drive deck screws", "d2": "wood glue"}
+def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_quarantined(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.rawlog import read_catalogue
+
+    docs = {"d1": "Star  Drive Deck Screws", "d2": "Wood Glue", "d3": "wood  glue"}  # d2, d3: one title
+    pq.write_table(pa.table({"doc_id": list(docs), "title": list(docs.values())}), tmp_path / "catalogue.parquet")
+    catalogue = read_catalogue(tmp_path / "catalogue.parquet")
+    assert catalogue.titles == ["star drive deck screws", "wood glue"]
+    assert catalogue.ids == {"d1": 0, "d2": 1, "d3": 1}
     v2 = {"v": 2, "results": [{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "d2"}]}
-    imp = parse_line(line(**v2), catalogue)
-    assert (imp.titles, imp.positions, imp.clicked) == (["star drive deck screws", "wood glue"], [1, 2], [2])
-    assert parse_line(line(**v2), catalogue) == parse_line(line(), catalogue)  # the same impression as v1
+    imp = parse_line(line(**v2), catalogue.ids)
+    assert (imp.v, imp.titles, imp.title_ids, imp.positions, imp.clicked) == (2, None, [0, 1], [1, 2], [2])
+    v1 = parse_line(line(), catalogue.ids)  # the same impression as v1
+    assert [catalogue.titles[i] for i in imp.title_ids] == v1.titles
+    assert imp._replace(v=1, titles=v1.titles, title_ids=None) == v1
+    catalogue = catalogue.ids
 
     unknown = {"v": 2, "results": [{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "d9"}]}
     with pytest.raises(Malformed) as bad:
