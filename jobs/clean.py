@@ -105,18 +105,11 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
         "clicks",
         "shown",
     )
-    # Repeated impression ids are rare: aggregate the ids (no sort) and look the few repeats up.
-    repeated = (
-        good.groupBy("impression_id")
-        .agg(F.min("line").alias("first"), F.count("*").alias("n"))
-        .where("n > 1")
-        .drop("n")
-    )
-    flagged = good.join(repeated, "impression_id", "left").withColumn(
-        "duplicate", F.coalesce(F.col("line") != F.col("first"), F.lit(False))
-    )
-    duplicates = flagged.where("duplicate").select("line", F.lit("duplicate_event").alias("rule"))
-    unique = flagged.where(~F.col("duplicate"))
+    first = Window.partitionBy("impression_id").orderBy("line")
+    # Persisted (small columns only): every rule below reads it, the window runs once.
+    ranked = good.withColumn("n", F.row_number().over(first)).persist()
+    duplicates = ranked.where("n > 1").select("line", F.lit("duplicate_event").alias("rule"))
+    unique = ranked.where("n = 1")
     empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
     humans_or_bots = unique.where(~F.col("empty"))
     # Impressions in the 60 s from each one of the user's on: a sliding window, so a burst that
