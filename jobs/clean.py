@@ -227,9 +227,8 @@ def clean(
         with timed("count clicks per pair"):
             titles_by_id = None
             if catalogue is not None:
-                titles_by_id = spark.createDataFrame(
-                    pa.table({"title_id": pa.array(range(len(catalogue.titles)), pa.int32()), "title": catalogue.titles})
-                )
+                ids = pa.array(range(len(catalogue.titles)), pa.int32())
+                titles_by_id = spark.createDataFrame(pa.table({"title_id": ids, "title": catalogue.titles}))
             all_pairs = click_pairs(kept, versions, titles_by_id).persist()
             pairs_total = all_pairs.count()
         with timed("write pairs and titles"):

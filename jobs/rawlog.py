@@ -188,9 +188,7 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def parse_batches(
-    batches: Iterator[pa.RecordBatch], doc_ids: dict[str, int] | None = None
-) -> Iterator[pa.RecordBatch]:
+def parse_batches(batches: Iterator[pa.RecordBatch], doc_ids: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
     """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow. `doc_ids`:
     v2 lines' doc id -> title id (`Catalogue.ids`).
 
