@@ -18,8 +18,18 @@ class Layout:
         return self.workdir / "simulate"
 
     @property
+    def logs(self) -> Path:
+        """Simulated logs in date partitions (dt=YYYY-MM-DD), one appended per run date."""
+        return self.workdir / "logs"
+
+    @property
     def clean(self) -> Path:
         return self.workdir / "clean"
+
+    @property
+    def clean_days(self) -> Path:
+        """Windowed runs: each day's clean output, cached by that day's bytes."""
+        return self.workdir / "clean-days"
 
     @property
     def vocab(self) -> Path:
@@ -32,6 +42,11 @@ class Layout:
     def train(self, encoder: str) -> Path:
         """A training run directory: checkpoints of one encoder."""
         return self.workdir / "train" / encoder
+
+    @property
+    def warm_start(self) -> Path:
+        """Windowed runs: the champion checkpoints models warm-start from, and which one each data version used."""
+        return self.workdir / "warm-start"
 
     @property
     def evaluate(self) -> Path:

@@ -39,6 +39,7 @@ class EvaluateConfig:
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
     experiment: str | None = None  # default: the dataset name
     register: bool = True
+    run_date: str = ""  # a windowed run's date: tagged on the versions it registers, the gate history's labels
     force: bool = False  # evaluate even when --out already holds this evaluation
     baseline_params: BaselineParams = field(default_factory=BaselineParams)
 
@@ -113,7 +114,7 @@ def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], d
         if negatives:
             dev_hash = (read_manifest(Path(negatives)) or {}).get("content_sha256", str(negatives))
             inputs[key] = {"path": str(negatives), "sha256": dev_hash}
-    excluded = ("judgments", "out", "models", "force", "hybrid_dev")
+    excluded = ("judgments", "out", "models", "force", "hybrid_dev", "run_date")
     params = {k: str(v) for k, v in asdict(cfg).items() if k not in excluded}
     return inputs, params | {"mlflow_uri": uri, "spec": asdict(cfg.judgments.spec)}
 
@@ -229,6 +230,8 @@ def _finish_runs(
                 model_uri, version = log_model(system.checkpoint, registered, system.fusion)
                 mlflow.set_tag("model_uri", model_uri)
                 if version is not None:
+                    if cfg.run_date:
+                        client.set_model_version_tag(registered, version, "run_date", cfg.run_date)
                     ndcg10 = report["systems"][system.name]["ndcg@10"]
                     decision = champion_gate(
                         client,

@@ -177,8 +177,9 @@ def champion_gate(
 
 
 def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, path: Path) -> Path | None:
-    """NDCG@10 of every version of `name` measured on this eval set, by version, champion starred:
-    a scheduled retrain's history at a glance. None when no version was measured here."""
+    """NDCG@10 of every version of `name` measured on this eval set, by version (and the run date of
+    windowed runs), champion starred: a scheduled retrain's history at a glance. None when no
+    version was measured here."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,8 +214,12 @@ def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, pat
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    dated = {int(v.version): v.tags["run_date"] for v in versions if v.tags.get("run_date")}
+    if dated:  # scheduled runs over date windows: each version under the night that trained it
+        ticks = sorted({int(v.version) for v in versions})
+        ax.set_xticks(ticks, [f"v{n}\n{dated[n]}" if n in dated else f"v{n}" for n in ticks], fontsize=7)
     ax.margins(x=0.12, y=0.15)  # room for the champion's label
-    ax.set_xlabel("registered version")
+    ax.set_xlabel("registered version" + (" and run date" if dated else ""))
     ax.set_ylabel("NDCG@10")
     ax.set_title(f"{name}: NDCG@10 on eval set {eval_key[:8]} by version", fontsize=10)
     ax.grid(alpha=0.3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ class TrainSection:
     epochs: int = 0  # 0: the training config's
     overrides: list[str] = field(default_factory=list)  # training config KEY=VALUE (docs/training.md)
     nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
+    warm_start: bool = True  # windowed runs: start from the champion when compatible (docs/flows.md)
+    warm_min_overlap: float = 0.5  # ... when its vocabulary holds at least this share of the new one's tokens
 
 
 @dataclass
@@ -47,6 +50,8 @@ class EvaluateSection:
 class RunConfig:
     workdir: str = "work"
     logs: str = ""  # raw logs to ingest instead of simulating (file, dir or glob); evaluation then needs judgments
+    window_days: int = 0  # > 0: logs are dt=YYYY-MM-DD partitions; train on the last N days up to run_date
+    run_date: str = ""  # YYYY-MM-DD the window ends on (windowed runs); empty: today in UTC
     judgments: JudgmentsSection = field(default_factory=JudgmentsSection)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
@@ -64,6 +69,16 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def window(self) -> list[str]:
+        """The dates a windowed run reads, oldest first; empty when the run is not windowed."""
+        from datetime import datetime
+
+        from jobs.window import window_dates
+
+        if not self.window_days:
+            return []
+        return window_dates(self.run_date or datetime.now(UTC).date().isoformat(), self.window_days)
 
     def flat(self) -> dict[str, Any]:
         return flat(self)
@@ -105,7 +120,9 @@ _FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
     (("--title-col",), "judgments.spec.title_col", {}, "title column of the judged set"),
     (("--label-col",), "judgments.spec.label_col", {}, "label column of the judged set"),
     (("--encoding",), "judgments.spec.encoding", {}, "the judged set's encoding"),
-    (("--impressions",), "simulate.impressions", {}, "impressions to simulate, e.g. 1_000_000"),
+    (("--window-days",), "window_days", {}, "train on the last N days of dt=YYYY-MM-DD log partitions (0: all logs)"),
+    (("--run-date",), "run_date", {}, "the day a windowed run ends on, YYYY-MM-DD (empty: today in UTC)"),
+    (("--impressions",), "simulate.impressions", {}, "impressions to simulate (per day in windowed runs)"),
     (("--seed",), "simulate.seed", {}, "simulation seed"),
     (("--shards",), "simulate.shards", {}, "simulated log files (0: one per 250k impressions)"),
     (("--workers",), "simulate.workers", {}, "simulation processes (0: CPUs)"),
@@ -178,5 +195,8 @@ def validate(cfg: RunConfig) -> None:
         raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:
         raise DssmError(f"simulate.impressions must be positive, got {cfg.simulate.impressions}")
+    if cfg.window_days < 0:
+        raise DssmError(f"window_days must be >= 0, got {cfg.window_days}")
+    cfg.window()  # a bad run_date fails here
     if cfg.train.nproc < 0 or cfg.train.epochs < 0:
         raise DssmError("train.nproc and train.epochs must be >= 0")

@@ -17,6 +17,7 @@ Importing this module runs flows/__init__.py first, which sets Prefect defaults 
 # with pydantic from the real annotation (a string would not resolve when a deployment loads the flow).
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -54,7 +55,9 @@ _RETRIED = _ONCE | {
 
 # The stage functions themselves become tasks: one signature each, in flows/stages.py.
 simulate_task = task(stages.simulate_stage, name="simulate", **_ONCE)
+simulate_day_task = task(stages.simulate_day_stage, name="simulate", **_ONCE)
 clean_task = task(stages.clean_stage, name="clean", **_RETRIED)
+clean_window_task = task(stages.clean_window_stage, name="clean", **_RETRIED)
 vocab_task = task(stages.vocab_stage, name="vocab", **_RETRIED)
 negatives_task = task(stages.negatives_stage, name="negatives", **_RETRIED)
 train_task = task(stages.train_stage, name="train", **_ONCE)  # no retry: a rerun resumes from the checkpoint
@@ -108,22 +111,42 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         logger.info("%s: %s -> %s (sha256 %s…)", out["stage"], state, out["path"], out["sha256"][:12])
         return out
 
+    window = cfg.window()
     with stages.exclusive(layout.workdir), bar:
-        if logs is None:
-            logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
-        cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
+        if window:  # new logs land as a date partition each night; the last window_days are read
+            if logs is None:
+                finished(simulate_day_task(layout, judged, cfg.simulate, window[-1], cfg.force))
+                logs = str(layout.logs)
+            logger.info("window %s..%s of %s", window[0], window[-1], logs)
+            cleaned = finished(clean_window_task(layout, logs, window, cfg.clean, master, cfg.force))
+        else:
+            if logs is None:
+                logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
+            cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
         vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
         negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
         checkpoints = []
         for name, model_overrides in per_model.items():
+            if window and cfg.train.warm_start:
+                init_from, why = stages.warm_start_source(
+                    layout,
+                    mlflow_uri,
+                    registered_name(judged.name),
+                    model_overrides,
+                    negatives["sha256"],
+                    cfg.train.warm_min_overlap,
+                )
+                logger.info("train %s: %s", name, f"warm start from {why}" if init_from else f"from scratch: {why}")
+                model_overrides = [*model_overrides, f"init_from={init_from}"] if init_from else model_overrides
             train_one = train_task.with_options(task_run_name=f"train-{name}")
             trained = train_one(layout, negatives["path"], model_overrides, nproc, cfg.force)
             checkpoints.append(finished(trained)["path"])
         report = None
         if evaluate:
+            run_date = window[-1] if window else ""
             stage, report = evaluate_task(
-                layout, checkpoints, judged, cfg.evaluate, negatives["path"], mlflow_uri, cfg.force
+                layout, checkpoints, judged, cfg.evaluate, negatives["path"], mlflow_uri, cfg.force, run_date
             )
             finished(stage)
             if indexed:
@@ -139,6 +162,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         else:
             logger.warning("raw logs given without judgments.path: nothing to evaluate on; evaluation skipped")
         log_config(cfg, mlflow_uri, judged.name, done)
+        if window:
+            log_window(mlflow_uri, window, cleaned["path"], done)
         return write_summary(layout, cfg, done, report)
 
 
@@ -152,6 +177,25 @@ def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict
         run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
         if run_id:
             client.log_text(run_id, text, "run_config.json")
+
+
+def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict]) -> None:
+    """A windowed run's dates and partition hashes as dataset inputs and tags of its training runs
+    (evaluation tags the versions it registers with the run date)."""
+    import mlflow
+
+    from core.tracking import log_datasets
+    from jobs.window import window_inputs
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    days = window_inputs(Path(clean_dir))
+    for out in done:
+        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
+        if not run_id or out["skipped"]:
+            continue
+        log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
+        client.set_tag(run_id, "window", f"{window[0]}..{window[-1]}")
+        client.set_tag(run_id, "run_date", window[-1])
 
 
 def write_summary(layout: Layout, cfg: RunConfig, done: list[dict], report: dict | None) -> dict[str, Any]:

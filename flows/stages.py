@@ -109,6 +109,40 @@ def simulate_stage(layout: Layout, judged: JudgedSet, cfg: SimulationConfig, for
     return run_data_stage("simulate", judged.path, layout.simulate, job)
 
 
+def simulate_day_stage(layout: Layout, judged: JudgedSet, cfg: SimulationConfig, day: str, force: bool) -> StageOutput:
+    """Windowed runs: simulate the run date's logs into the partition `WORKDIR/logs/dt=DAY` (kept
+    when already there): new logs landing each night."""
+    from dataclasses import replace
+
+    from jobs.simulate import partition_name, simulate
+
+    day_cfg = replace(cfg, day=day)
+    out = layout.logs / partition_name(day)
+
+    def job() -> dict[str, Any]:
+        from tqdm import tqdm
+
+        with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc=f"simulate {day}", disable=None) as bar:
+            return simulate(judged.pairs(), out, day_cfg, judged.describe(), progress=bar.update, force=force)
+
+    return run_data_stage("simulate", judged.path, out, job)
+
+
+def clean_window_stage(
+    layout: Layout, root: str, dates: list[str], cfg: CleanConfig, master: str | None, force: bool
+) -> StageOutput:
+    """Windowed runs: clean each day of `dates` under the log root `root` once (cached by its bytes)
+    and sum the window's pairs into the clean stage's output."""
+    from jobs.spark import LazySpark
+    from jobs.window import clean_window
+
+    out = layout.clean
+    spark = LazySpark(master, "dssm-run")
+    return run_data_stage(
+        "clean", root, out, lambda: clean_window(spark, Path(root), dates, layout.clean_days, out, cfg, force)
+    )
+
+
 def clean_stage(layout: Layout, logs: str, cfg: CleanConfig, master: str | None, force: bool) -> StageOutput:
     from jobs.clean import clean
     from jobs.spark import LazySpark
@@ -144,6 +178,65 @@ def default_nproc() -> int:
     import torch
 
     return torch.cuda.device_count() or 1
+
+
+CHAMPION_CHECKPOINT = "**/artifacts/model.pt"
+
+
+def warm_start_source(
+    layout: Layout, mlflow_uri: str, name: str, overrides: list[str], negatives_sha: str, min_overlap: float
+) -> tuple[str | None, str]:
+    """(checkpoint, why) a windowed run's model starts from: the champion of registered model `name`
+    when it has this model's config and its vocabulary covers at least `min_overlap` of this run's
+    tokens, else (None, why not): from scratch. Decided once per training data version (the
+    negatives' hash), so a rerun of the same night trains with the same start, and is skipped."""
+    import json
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from evaluation.registry import CHAMPION
+    from modeling.checkpoint import read_checkpoint
+    from modeling.config import load_config
+    from modeling.hashing import Vocab
+
+    decisions_path = layout.warm_start / "decisions.json"
+    decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
+    cfg = load_config(None, overrides)
+    key = f"{negatives_sha}:{cfg.model.encoder}"
+    if key in decisions:
+        return decisions[key]["init_from"], decisions[key]["why"]
+    client = mlflow.MlflowClient(mlflow_uri)
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    init_from, why = None, "no champion yet"
+    if champion is not None:
+        dest = layout.warm_start / f"v{champion.version}"
+        if not any(dest.glob(CHAMPION_CHECKPOINT)):
+            source = client.get_model_version_download_uri(name, champion.version)
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dest), tracking_uri=mlflow_uri)
+        checkpoint = min(dest.glob(CHAMPION_CHECKPOINT))  # the pyfunc's `checkpoint` artifact
+        state = read_checkpoint(checkpoint)
+        theirs = state["config"]["model"]
+        ours = asdict(cfg.model)
+        changed = sorted(k for k in ours if theirs.get(k) != ours[k])
+        tokens = set(state["vocab"]["tokens"])
+        vocab = Vocab.load(layout.vocab, cfg.model.tokens)
+        overlap = sum(t in tokens for t in vocab.tokens) / max(vocab.size, 1)
+        if changed:
+            why = f"champion v{champion.version} has another model config ({', '.join(f'model.{k}' for k in changed)})"
+        elif overlap < min_overlap:
+            why = f"champion v{champion.version}'s vocabulary covers {overlap:.0%} of this one's (< {min_overlap:.0%})"
+        else:
+            init_from, why = str(checkpoint), f"champion v{champion.version} (vocabulary overlap {overlap:.0%})"
+    decisions[key] = {"init_from": init_from, "why": why}
+    layout.warm_start.mkdir(parents=True, exist_ok=True)
+    tmp = decisions_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(decisions, indent=2) + "\n")
+    os.replace(tmp, decisions_path)
+    return init_from, why
 
 
 def train_stage(layout: Layout, negatives_dir: str, overrides: list[str], nproc: int, force: bool) -> StageOutput:
@@ -198,6 +291,7 @@ def evaluate_stage(
     negatives_dir: str,
     mlflow_uri: str | None,
     force: bool,
+    run_date: str = "",
 ) -> tuple[StageOutput, dict[str, Any]]:
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
     queries of `negatives_dir`) against the baselines, then the champion gate."""
@@ -215,6 +309,7 @@ def evaluate_stage(
             baselines=parse_baselines(",".join(section.baselines)),
             hybrid_dev=Path(negatives_dir) if section.hybrid else None,
             mlflow_uri=mlflow_uri,
+            run_date=run_date,
             force=force,
         )
         reports.append(evaluate(cfg))

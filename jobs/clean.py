@@ -256,8 +256,7 @@ def clean(
         with timed("write rejects"):
             rejects_df = stable_layout(rejects, rejected, cfg.rows_per_file, "source", "line")
             n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
-        drops.unpersist()
-        all_pairs.unpersist()
+        spark.catalog.clearCache()  # drops, all_pairs and the rules' persisted rows
         shutil.rmtree(scratch)
 
         if lines_read != kept_n + rejected or n_rejects != rejected:

@@ -109,6 +109,9 @@ def negatives(
             counts[f"{split}_rows"] = write_parquet(ordered, tmp / split, NEGATIVES)
             counts[f"{split}_queries"] = distinct_count(tmp / split, "query")
         counts["pool_titles"] = upstream["counts"]["titles"]
+        # Drop the sampling rounds' persisted rows: a later job in this session that reads the same
+        # paths after they were rewritten (the next night's window) would otherwise get them back.
+        spark.catalog.clearCache()
         log.info(
             "negatives: %(train_rows)d train rows (%(train_queries)d queries), "
             "%(valid_rows)d valid rows (%(valid_queries)d queries)",

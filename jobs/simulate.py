@@ -22,6 +22,7 @@ import multiprocessing
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,37 @@ class SimulationConfig:
     workers: int = 0  # 0: as many as CPUs (at most the shards)
     gzip: bool = True
     log_format: int = 1  # 1: results carry titles; 2: doc ids, titles in catalogue.parquet (docs/raw-log-format.md)
+    day: str = ""  # YYYY-MM-DD: the log covers that one day (a date partition), with the day's own seed and ids
     model: ClickModel = field(default_factory=ClickModel)
     dirt: DirtRates = field(default_factory=DirtRates)
 
     def shard_count(self) -> int:
         return self.shards or max(1, -(-self.impressions // 250_000))
+
+    def span(self) -> tuple[int, float, list[int], str]:
+        """(start in ms, length in ms, extra seed words, impression id prefix) of the simulated log:
+        `model.days` from 2026-01-01, or the one `day`, seeded and named by that date so that days
+        appended to one log root never share an impression id."""
+        if not self.day:
+            return START_MS, self.model.days * 86_400_000, [], ""
+        start = day_start_ms(self.day)
+        return start, 86_400_000.0, [start // 86_400_000], self.day.replace("-", "") + "-"
+
+
+def partition_name(day: str) -> str:
+    """The directory of one day's logs under a log root (Hive-style, as Spark and most log shippers write)."""
+    return f"dt={day}"
+
+
+def day_start_ms(day: str) -> int:
+    """Midnight UTC of a YYYY-MM-DD date, in ms; a clear error for anything else."""
+    from datetime import date, datetime
+
+    try:
+        parsed = date.fromisoformat(day)
+    except ValueError:
+        raise DssmError(f"day must be a date YYYY-MM-DD, got {day!r}") from None
+    return int(datetime(parsed.year, parsed.month, parsed.day, tzinfo=UTC).timestamp() * 1000)
 
 
 @dataclass
@@ -208,6 +235,7 @@ class _ShardWriter:
         self, cat: Catalogue, cfg: SimulationConfig, shard: int, rng: np.random.Generator, emit: Callable[[str], None]
     ):
         self.cat, self.cfg, self.shard, self.rng, self.emit = cat, cfg, shard, rng, emit
+        self.prefix = cfg.span()[3]
         self.counter = 0
         self.lines = 0
 
@@ -241,7 +269,7 @@ class _ShardWriter:
             clicks = [f'{{"position":{p + 1},"dwell_ms":{int(dwell[i, p])}}}' for p in np.flatnonzero(clicked[i])]
             query = queries[i] if queries is not None else _dirty_query(cat.queries[query_ids[i]], rng, dirt)
             line = (
-                f'{{"v":{version},"impression_id":"{self.shard:04x}-{self.counter:08x}",'
+                f'{{"v":{version},"impression_id":"{self.prefix}{self.shard:04x}-{self.counter:08x}",'
                 f'"ts":"{stamps[i]}Z","user_id":"u{users[i]:08d}","session_id":"s{sessions[i]:012x}",'
                 f'"query":{orjson.dumps(query).decode()},"results":[{",".join(results)}],'
                 f'"clicks":[{",".join(clicks)}]}}'
@@ -286,13 +314,14 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
     """Write one shard's lines to `path`; returns its counts."""
     shards = cfg.shard_count()
     total = cfg.impressions // shards + (1 if shard < cfg.impressions % shards else 0)
-    rng = np.random.default_rng([cfg.seed, shard])
+    start_ms, length_ms, day_seed, _ = cfg.span()
+    rng = np.random.default_rng([cfg.seed, shard, *day_seed])
     model, dirt = cfg.model, cfg.dirt
     popularity = np.arange(1, len(cat.queries) + 1, dtype=float) ** -model.zipf_exponent
     cdf = np.cumsum(popularity / popularity.sum())
     users = max(1_000, cfg.impressions // 25)
-    span_ms = model.days * 86_400_000 / shards
-    t0 = START_MS + shard * span_ms
+    span_ms = length_ms / shards
+    t0 = start_ms + shard * span_ms
     step_ms = span_ms / max(total, 1)
 
     # gzip level 1 (fast) and mtime 0, so that reruns are byte-identical.
@@ -384,12 +413,14 @@ def simulate(
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
     if cfg.log_format not in FORMAT_VERSIONS:
         raise DssmError(f"log format must be one of {FORMAT_VERSIONS}, got {cfg.log_format}")
+    cfg.span()  # a bad day fails here
     params = {
         "impressions": cfg.impressions,
         "seed": cfg.seed,
         "shards": cfg.shard_count(),
         "gzip": cfg.gzip,
         **({"log_format": cfg.log_format} if cfg.log_format != 1 else {}),  # v1 outputs keep their input key
+        **({"day": cfg.day} if cfg.day else {}),
         "click_model": asdict(cfg.model),
         "dirt": asdict(cfg.dirt),
     }
@@ -462,6 +493,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.log_format,
         help="1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (default: %(default)s)",
     )
+    g.add_argument(
+        "--day",
+        default="",
+        metavar="YYYY-MM-DD",
+        help="simulate that one day into the date partition OUT/dt=YYYY-MM-DD (OUT: a log root that days are "
+        "appended to; each day has its own seed and impression ids)",
+    )
 
 
 def command(args: argparse.Namespace) -> None:
@@ -474,10 +512,11 @@ def command(args: argparse.Namespace) -> None:
 
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
     cfg = from_args(SimulationConfig, args)
+    out = args.out / partition_name(cfg.day) if cfg.day else args.out
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
-        m = simulate(judged.pairs(), args.out, cfg, judged.describe(), progress=bar.update, force=args.force)
+        m = simulate(judged.pairs(), out, cfg, judged.describe(), progress=bar.update, force=args.force)
     c = m["counts"]
     print(
         f"simulated {c['impressions']:,} impressions ({c['lines']:,} lines) of {c['train_queries']:,} train queries "
-        f"-> {args.out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {args.out / 'test_pairs.parquet'}"
+        f"-> {out / 'logs'}; {c['test_pairs']:,} held-out test pairs -> {out / 'test_pairs.parquet'}"
     )

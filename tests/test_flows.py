@@ -5,6 +5,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,3 +202,73 @@ def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
     state = read_checkpoint(Path(changed.path))
     assert state["config"]["model"]["ncell"] == 4 and state["step"] == 12
+
+
+@pytest.mark.integration
+def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(spark, tmp_path):
+    """docs/flows.md's nightly setup: each night a day of logs lands, the model trains on the last two
+    days, starting from the champion; a rerun does nothing; a lost day cache is rebuilt alone."""
+    import mlflow
+
+    from modeling.checkpoint import read_checkpoint
+
+    work = tmp_path / "w"
+    nightly = ["--window-days", "2", "--impressions", "3_000", "--workers", "1", "--no-index", "--no-analyze"]
+
+    def night(day: str) -> tuple[dict[str, dict], dict]:
+        assert main(["run", "--workdir", str(work), "--run-date", day, *nightly, "evaluate.hybrid=false"]) == 0
+        summary = json.loads((work / "report.json").read_text())
+        return {s["stage"]: s for s in summary["pipeline"]["stages"]}, summary
+
+    def day_cache(day: str) -> Path:
+        return work / "clean-days" / f"dt={day}" / "manifest.json"
+
+    def decisions() -> list[dict]:
+        return list(json.loads((work / "warm-start" / "decisions.json").read_text()).values())
+
+    # night 1: the first day's logs, a model from scratch, the first champion
+    stages, summary = night("2026-01-01")
+    assert stages["simulate"]["path"] == str(work / "logs" / "dt=2026-01-01")
+    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 1)
+    assert decisions() == [{"init_from": None, "why": "no champion yet"}]
+    assert summary["gate"][0]["promoted"] and summary["gate"][0]["version"] == "1"
+    day1 = day_cache("2026-01-01").stat().st_mtime_ns
+
+    # night 2: day 2 lands and is the only day parsed; the model trains on both, from champion v1
+    stages, summary = night("2026-01-02")
+    assert stages["simulate"]["path"] == str(work / "logs" / "dt=2026-01-02") and not stages["simulate"]["skipped"]
+    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (2, 1)
+    assert day_cache("2026-01-01").stat().st_mtime_ns == day1
+    window = json.loads((work / "clean" / "manifest.json").read_text())
+    days = [json.loads(day_cache(d).read_text())["counts"] for d in ("2026-01-01", "2026-01-02")]
+    assert window["counts"]["lines_read"] == sum(d["lines_read"] for d in days)
+    assert window["counts"]["lines_read"] == window["counts"]["kept"] + window["counts"]["rejected"]
+    assert list(window["window"]["days"]) == ["2026-01-01", "2026-01-02"]
+    assert decisions()[1]["init_from"] and decisions()[1]["why"].startswith("champion v1")
+    assert read_checkpoint(Path(stages["train"]["path"]))["config"]["init_from"] == decisions()[1]["init_from"]
+    client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    run = client.get_run(stages["train"]["counts"]["mlflow_run_id"])
+    inputs = {d.dataset.name for d in run.inputs.dataset_inputs}
+    assert {"logs/dt=2026-01-01", "logs/dt=2026-01-02"} <= inputs
+    assert run.data.tags["window"] == "2026-01-01..2026-01-02"
+    gate = summary["gate"][0]
+    assert gate["version"] == "2" and client.get_model_version(gate["model"], "2").tags["run_date"] == "2026-01-02"
+    assert (work / "eval" / "gate-history.png").is_file()
+
+    # night 2 again: nothing to do
+    stages, _ = night("2026-01-02")
+    assert all(s["skipped"] for s in stages.values()), {k: s["skipped"] for k, s in stages.items()}
+
+    # day 1's cache lost: only day 1 is cleaned again; its sums are the same, so nothing downstream runs
+    shutil.rmtree(work / "clean-days" / "dt=2026-01-01")
+    day2 = day_cache("2026-01-02").stat().st_mtime_ns
+    stages, _ = night("2026-01-02")
+    assert stages["clean"]["counts"]["days_cleaned"] == 1 and day_cache("2026-01-01").exists()
+    assert day_cache("2026-01-02").stat().st_mtime_ns == day2
+    assert [stage for stage, s in stages.items() if not s["skipped"]] == ["clean"]
+
+    # night 3: the window slides: day 3 parsed, day 1 left behind
+    stages, summary = night("2026-01-03")
+    window = json.loads((work / "clean" / "manifest.json").read_text())
+    assert list(window["window"]["days"]) == ["2026-01-02", "2026-01-03"] and window["counts"]["days"] == 2
+    assert stages["clean"]["counts"]["days_cleaned"] == 1 and summary["gate"][0]["version"] == "3"

@@ -1,0 +1,148 @@
+"""A rolling window over date-partitioned logs: each day cleaned once, the window's counts summed.
+
+Logs that land one day at a time (`ROOT/dt=YYYY-MM-DD/…`, as `dssm simulate --day` writes them) are
+cleaned day by day by `jobs.clean.clean` into `DAYS/dt=…/`, each cached by its own partition's
+content hash: a nightly run parses only the day that is new (or a day whose bytes changed). The
+window's clean output (the `clean` stage's usual `pairs/` and `titles/`) is the sum of its days'
+per-(query, title) clicks and impressions; counts reconcile per day (in each day's manifest) and
+for the window (read = kept + rejected, summed).
+
+The rules run per day: a duplicate impression id or a bot's minute that straddles midnight is
+judged within each day only (docs/raw-log-format.md).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from core.artifacts import code_fingerprint, publish, read_manifest
+from core.errors import DssmError
+from jobs.clean import CleanConfig, clean
+from jobs.schemas import CLICK_PAIRS, TITLES, check_parquet
+
+PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+
+
+def window_dates(run_date: str, days: int) -> list[str]:
+    """The `days` dates that end with `run_date`, oldest first."""
+    try:
+        last = date.fromisoformat(run_date)
+    except ValueError:
+        raise DssmError(f"run_date must be a date YYYY-MM-DD, got {run_date!r}") from None
+    if days < 1:
+        raise DssmError(f"window_days must be positive, got {days}")
+    return [(last - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
+
+
+def partitions(root: Path) -> dict[str, Path]:
+    """date -> directory of each `dt=YYYY-MM-DD` partition under a log root."""
+    if not root.is_dir():
+        raise DssmError(f"log root not found: {root} (expected dt=YYYY-MM-DD partitions in it)")
+    found = {}
+    for child in root.iterdir():
+        match = PARTITION.match(child.name)
+        if match and child.is_dir():
+            found[match.group(1)] = child
+    return found
+
+
+def clean_window(
+    spark,
+    root: Path,
+    dates: list[str],
+    days_dir: Path,
+    out: Path,
+    cfg: CleanConfig,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Clean each partition of `dates` present under `root` into `days_dir/dt=…` (skipped when its
+    bytes are unchanged), then write the window's pairs and titles to `out`; returns its manifest."""
+    present = partitions(root)
+    days = [d for d in dates if d in present]
+    if not days:
+        raise DssmError(f"{root}: no partition of the window {dates[0]}..{dates[-1]} (found: {_span(present)})")
+    manifests = {d: clean(spark, str(present[d]), days_dir / present[d].name, cfg, force) for d in days}
+    inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
+    params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        pairs = _summed([days_dir / f"dt={d}" / "pairs" for d in days], ["query", "title"], CLICK_PAIRS)
+        titles = _summed([days_dir / f"dt={d}" / "titles" for d in days], ["title"], TITLES)
+        n_pairs = _write(pairs, tmp / "pairs", CLICK_PAIRS, cfg.rows_per_file)
+        n_titles = _write(titles, tmp / "titles", TITLES, cfg.rows_per_file)
+        per_day = {d: manifests[d]["counts"] for d in days}
+        reasons: dict[str, int] = {}
+        for counts in per_day.values():
+            for reason, n in counts["rejected_by_reason"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        total = {k: sum(c[k] for c in per_day.values()) for k in ("lines_read", "kept", "rejected")}
+        if total["lines_read"] != total["kept"] + total["rejected"]:
+            raise DssmError(f"internal error: the window's counts do not reconcile: {total}")
+        return {
+            "counts": {
+                **total,
+                "rejected_by_reason": dict(sorted(reasons.items())),
+                "pairs": n_pairs,
+                "queries": len(pc.unique(pairs.column("query"))),
+                "titles": n_titles,
+                "days": len(days),
+            },
+            "window": {
+                "dates": dates,
+                "days": {
+                    d: {
+                        "path": str(present[d]),
+                        "sha256": manifests[d]["inputs"]["raw"]["sha256"],
+                        "lines_read": per_day[d]["lines_read"],
+                        "kept": per_day[d]["kept"],
+                        "rejected": per_day[d]["rejected"],
+                    }
+                    for d in days
+                },
+                "missing": [d for d in dates if d not in present],
+            },
+            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "per day: " + str(days_dir)},
+        }
+
+    manifest = publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force)
+    cleaned = sum(not m["skipped"] for m in manifests.values())
+    # The stage did work when one of its days was (re)cleaned, even if the window's sums came out the same.
+    return manifest | {
+        "counts": manifest["counts"] | {"days_cleaned": cleaned},
+        "skipped": manifest["skipped"] and not cleaned,
+    }
+
+
+def _summed(paths: list[Path], keys: list[str], schema: pa.Schema) -> pa.Table:
+    """Rows of every path summed by `keys` (clicks, impressions), sorted by them: the bytes depend
+    on the data only."""
+    table = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths])
+    sums = table.group_by(keys).aggregate([("clicks", "sum"), ("impressions", "sum")])
+    sums = sums.rename_columns([c.removesuffix("_sum") for c in sums.column_names])
+    return sums.select(schema.names).sort_by([(k, "ascending") for k in keys]).cast(schema)
+
+
+def _write(table: pa.Table, path: Path, schema: pa.Schema, rows_per_file: int) -> int:
+    path.mkdir(parents=True)
+    for i, start in enumerate(range(0, max(table.num_rows, 1), rows_per_file)):
+        pq.write_table(table.slice(start, rows_per_file), path / f"part-{i:05d}.parquet", compression="zstd")
+    check_parquet(path, schema)
+    return table.num_rows
+
+
+def _span(present: dict[str, Path]) -> str:
+    return f"{min(present)}..{max(present)}" if present else "none"
+
+
+def window_inputs(clean_dir: Path) -> list[tuple[str, str, str]]:
+    """(name, path, raw partition sha256) of each day of a window's clean output; empty for a
+    clean output that is not a window."""
+    window = (read_manifest(clean_dir) or {}).get("window") or {}
+    return [(f"logs/dt={d}", day["path"], day["sha256"]) for d, day in window.get("days", {}).items()]
