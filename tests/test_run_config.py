@@ -62,6 +62,8 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["negatives=3"], "expected a section"),
         (["index.kind=ivf"], "index.kind must be one of auto, flat, hnsw"),
         (["catalogue=/no/such/titles.parquet"], "catalogue /no/such/titles.parquet: not found"),
+        (["window_days=2", "run_date=yesterday"], "run_date must be a date YYYY-MM-DD, got 'yesterday'"),
+        (["window_days=-1"], "window_days must be >= 0"),
     ],
 )
 def test_bad_keys_and_values_are_one_clear_error(overrides, message):
@@ -110,3 +112,15 @@ def test_the_encoder_registry_is_the_one_list():
         load_config(None, [f"model.encoder={name}"])
     with pytest.raises(DssmError, match="choose one of"):
         load_config(None, ["model.encoder=transformer"])
+
+
+def test_a_window_ends_on_the_run_date_and_defaults_to_today_in_utc():
+    from datetime import UTC, datetime
+
+    assert load_run_config(overrides=["window_days=3", "run_date=2026-03-01"]).window() == [
+        "2026-02-27",
+        "2026-02-28",
+        "2026-03-01",
+    ]
+    assert load_run_config(overrides=["window_days=1"]).window() == [datetime.now(UTC).date().isoformat()]
+    assert load_run_config().window() == []  # not windowed: all logs are one input
