@@ -181,7 +181,9 @@ def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict
 
 def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict]) -> None:
     """A windowed run's dates and partition hashes as dataset inputs and tags of its training runs
-    (evaluation tags the versions it registers with the run date)."""
+    (evaluation tags the versions it registers with the run date). Logged on every run, skipped
+    training included: MLflow keeps one input per dataset digest, so a run killed before this point
+    is completed by its rerun."""
     import mlflow
 
     from core.tracking import log_datasets
@@ -191,7 +193,7 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
     days = window_inputs(Path(clean_dir))
     for out in done:
         run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
-        if not run_id or out["skipped"]:
+        if not run_id:
             continue
         log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
         client.set_tag(run_id, "window", f"{window[0]}..{window[-1]}")
