@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # MLflow draws a "Downloading artifacts" bar for every small file it reads back when logging a model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # mlflow.store.db.utils: "Creating initial MLflow database tables..." at every new sqlite store
-    for noisy in ("py4j", "pyspark", "httpx", "mlflow.store.db.utils", "faiss.loader"):
+    # mlflow.store.db.utils: "Creating initial MLflow database tables..." at every new sqlite store;
+    # graphviz (imported by a dependency): ~20 "deprecate positional args" lines under -v
+    for noisy in ("py4j", "pyspark", "httpx", "mlflow.store.db.utils", "faiss.loader", "graphviz"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Prefect's "Task run 'clean-e9e' - Finished in state Completed()": each stage prints its own line
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
