@@ -204,8 +204,9 @@ def warm_start_source(
     decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
     cfg = load_config(None, overrides)
     key = f"{negatives_sha}:{cfg.model.encoder}"
-    if key in decisions:
-        return decisions[key]["init_from"], decisions[key]["why"]
+    pinned = decisions.get(key)
+    if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
+        return pinned["init_from"], pinned["why"]  # else its checkpoint was deleted: decide again
     client = mlflow.MlflowClient(mlflow_uri)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
