@@ -180,9 +180,6 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 1
 
 
-CHAMPION_CHECKPOINT = "**/artifacts/model.pt"
-
-
 def warm_start_source(
     layout: Layout, mlflow_uri: str, name: str, overrides: list[str], negatives_sha: str, min_overlap: float
 ) -> tuple[str | None, str]:
@@ -199,6 +196,7 @@ def warm_start_source(
     from modeling.checkpoint import read_checkpoint
     from modeling.config import load_config
     from modeling.hashing import Vocab
+    from retrieval.index import copy_model_files, resolve_model
 
     decisions_path = layout.warm_start / "decisions.json"
     decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
@@ -215,10 +213,10 @@ def warm_start_source(
     init_from, why = None, "no champion yet"
     if champion is not None:
         dest = layout.warm_start / f"v{champion.version}"
-        if not any(dest.glob(CHAMPION_CHECKPOINT)):
-            source = client.get_model_version_download_uri(name, champion.version)
-            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dest), tracking_uri=mlflow_uri)
-        checkpoint = min(dest.glob(CHAMPION_CHECKPOINT))  # the pyfunc's `checkpoint` artifact
+        checkpoint = dest / "model.pt"
+        if not checkpoint.is_file():
+            shutil.rmtree(dest, ignore_errors=True)  # a download cut short
+            copy_model_files(resolve_model(f"models:/{name}/{champion.version}", mlflow_uri), dest)
         state = read_checkpoint(checkpoint)
         theirs = state["config"]["model"]
         ours = asdict(cfg.model)
