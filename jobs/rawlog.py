@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import NamedTuple
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
 from core.text import norm
+from jobs.fastparse import DocLookup, parse_canonical
 
 FORMAT_VERSION = 1  # results carry their titles
 FORMAT_VERSIONS = (1, 2)  # 2: results carry doc ids only; titles come from the catalogue side table
@@ -97,6 +99,7 @@ _FIELDS = tuple(_TYPES.items())
 _NAMES, _KINDS = tuple(_TYPES), tuple(_TYPES.values())
 _POSITION, _TITLE, _DOC_ID = itemgetter("position"), itemgetter("title"), itemgetter("doc_id")
 _INT, _STR = {int}, {str}
+_EPOCH, _MS = datetime(1970, 1, 1, tzinfo=UTC), timedelta(milliseconds=1)
 
 
 def parse_line(line: str | bytes, doc_ids: dict[str, int] | None = None) -> Impression:
@@ -123,7 +126,10 @@ def parse_line(line: str | bytes, doc_ids: dict[str, int] | None = None) -> Impr
     if version not in FORMAT_VERSIONS:
         raise Malformed("unsupported_version", f"v={version}")
     try:
-        ts_ms = int(datetime.fromisoformat(record["ts"]).timestamp() * 1000)
+        at = datetime.fromisoformat(record["ts"])
+        # In whole milliseconds, exactly (a float timestamp times 1000 can land a millisecond
+        # short); a time without a zone is local time, as datetime.timestamp() reads it.
+        ts_ms = ((at if at.tzinfo else at.astimezone()) - _EPOCH) // _MS
     except (ValueError, OverflowError, OSError):
         raise Malformed("bad_value", "ts") from None
     results, clicks = record["results"], record["clicks"]
@@ -188,32 +194,66 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch], doc_ids: dict[str, int] | None = None) -> Iterator[pa.RecordBatch]:
+def parse_batches(
+    batches: Iterator[pa.RecordBatch], doc_ids: dict[str, int] | None = None, vectorised: bool = True
+) -> Iterator[pa.RecordBatch]:
     """(source, line, value) batches -> PARSED batches; used with Spark's mapInArrow. `doc_ids`:
     v2 lines' doc id -> title id (`Catalogue.ids`).
 
-    Lines are read as bytes (a zero-copy view of the text column): a line that is not valid UTF-8
-    is quarantined as invalid_utf8 instead of failing the whole batch when Arrow decodes it."""
-    malformed_row = (None,) * (len(PARSED) - 5)
+    Canonical v2 lines go through `jobs.fastparse` (Arrow kernels, no Python object per line;
+    `vectorised=False` turns that off), every other line through `parse_line`. Lines are read as
+    bytes (a zero-copy view of the text column): a line that is not valid UTF-8 is quarantined as
+    invalid_utf8 instead of failing the whole batch when Arrow decodes it. Rows come out in two
+    groups per batch (the fast ones first); their `line` numbers say where each came from."""
+    lookup = _doc_lookup(doc_ids) if vectorised and doc_ids else None
     for batch in batches:
-        values = batch.column(2).cast(pa.binary()).to_pylist()
-        rows = []
-        # Parsing allocates many small containers and no cycles: the cyclic GC would only
-        # rescan them over and over (measured: a quarter of the time).
-        gc.disable()
-        try:
-            for value in values:
-                try:
-                    imp = parse_line(value or b"", doc_ids)
-                    rows.append((None, None, None, *imp, len(imp.positions), len(imp.clicked)))
-                except Malformed as bad:
-                    kept = value.decode("utf-8", "backslashreplace") if value is not None else None
-                    rows.append((bad.reason, bad.detail, kept, *malformed_row))
-        finally:
-            gc.enable()
-        if not rows:
-            continue
-        transposed = zip(*rows, strict=True)
-        columns = [batch.column(0), batch.column(1)]
-        columns += [pa.array(col, type=f.type) for col, f in zip(transposed, list(PARSED)[2:], strict=True)]
-        yield pa.RecordBatch.from_arrays(columns, schema=PARSED)
+        values = batch.column(2).cast(pa.binary())
+        if lookup is not None:
+            taken, columns = parse_canonical(values, lookup)
+            if len(taken):
+                yield _fast_batch(batch, taken, columns)
+                rest = np.ones(len(batch), bool)
+                rest[taken] = False
+                batch, values = batch.filter(pa.array(rest)), values.filter(pa.array(rest))
+        if len(batch):
+            yield _parse_each(batch, values.to_pylist(), doc_ids)
+
+
+def _parse_each(batch: pa.RecordBatch, values: list[bytes | None], doc_ids: dict[str, int] | None) -> pa.RecordBatch:
+    malformed_row = (None,) * (len(PARSED) - 5)
+    rows = []
+    # Parsing allocates many small containers and no cycles: the cyclic GC would only
+    # rescan them over and over (measured: a quarter of the time).
+    gc.disable()
+    try:
+        for value in values:
+            try:
+                imp = parse_line(value or b"", doc_ids)
+                rows.append((None, None, None, *imp, len(imp.positions), len(imp.clicked)))
+            except Malformed as bad:
+                kept = value.decode("utf-8", "backslashreplace") if value is not None else None
+                rows.append((bad.reason, bad.detail, kept, *malformed_row))
+    finally:
+        gc.enable()
+    transposed = zip(*rows, strict=True)
+    columns = [batch.column(0), batch.column(1)]
+    columns += [pa.array(col, type=f.type) for col, f in zip(transposed, list(PARSED)[2:], strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=PARSED)
+
+
+def _fast_batch(batch: pa.RecordBatch, taken: np.ndarray, columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    rows = pa.array(taken)
+    head = [batch.column(0).take(rows), batch.column(1).take(rows)]
+    head += [pa.nulls(len(taken), pa.string())] * 3  # reason, detail, raw: a well-formed line
+    return pa.RecordBatch.from_arrays(head + [columns[f.name] for f in list(PARSED)[5:]], schema=PARSED)
+
+
+_lookup_of: tuple[dict[str, int], DocLookup] | None = None
+
+
+def _doc_lookup(doc_ids: dict[str, int]) -> DocLookup:
+    """One DocLookup per catalogue and Python worker (a broadcast value lives as long as the worker)."""
+    global _lookup_of
+    if _lookup_of is None or _lookup_of[0] is not doc_ids:
+        _lookup_of = (doc_ids, DocLookup(doc_ids))
+    return _lookup_of[1]

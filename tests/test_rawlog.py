@@ -125,3 +125,139 @@ def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_qua
     with pytest.raises(Malformed) as bad:
         parse_line(line(v=2, results=[{"position": 1, "title": "wood glue"}]), catalogue)  # v2 names doc ids
     assert bad.value.reason == "wrong_type" and "doc_id" in bad.value.detail
+
+
+# The vectorised path (jobs.fastparse) must give parse_line's rows, line for line.
+CATALOGUE = {"d1": 0, "d2": 1, "d3": 1}
+V2 = {
+    **GOOD,
+    "v": 2,
+    "results": [{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "d2"}],
+    "clicks": [{"position": 2, "dwell_ms": 1200}],
+}
+
+
+def v2(**changes) -> bytes:
+    return orjson.dumps({k: v for k, v in {**V2, **changes}.items() if v is not ...})
+
+
+def both_paths(lines: list[bytes], catalogue: dict[str, int] = CATALOGUE):
+    """parse_batches' rows with and without the vectorised path, in line order; and which lines
+    the vectorised path took."""
+    import pyarrow as pa
+
+    from jobs.fastparse import DocLookup, parse_canonical
+    from jobs.rawlog import parse_batches
+
+    values = pa.array(lines, pa.binary())
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["f"] * len(lines)), pa.array(range(len(lines)), pa.int64()), values.view(pa.string())],
+        names=["source", "line", "value"],
+    )
+    python, vectorised = (
+        pa.Table.from_batches(list(parse_batches(iter([batch]), catalogue, fast))).sort_by("line")
+        for fast in (False, True)
+    )
+    taken, _ = parse_canonical(values, DocLookup(catalogue))
+    return python, vectorised, set(taken.tolist())
+
+
+FAST = {
+    "canonical": v2(),
+    "no session_id": v2(session_id=...),
+    "no clicks": v2(clicks=[]),
+    "a click without dwell": v2(clicks=[{"position": 1}]),
+    "a zone offset": v2(ts="2026-03-01T05:30:00.250+05:30"),
+    "a negative offset": v2(ts="2026-02-28T16:00:00-08:00"),
+    "one fraction digit": v2(ts="2026-01-01T00:00:00.5Z"),
+    "a leap day": v2(ts="2024-02-29T12:00:00Z"),
+    "before the epoch": v2(ts="1969-12-31T23:59:59.999Z"),
+    "unicode spaces": v2(query="Deck\u00a0SCREWS\u3000 é"),
+    "an empty query": v2(query=""),
+    "a blank query": v2(query="   "),
+    "positions with a gap": v2(
+        results=[{"position": 1, "doc_id": "d1"}, {"position": 5, "doc_id": "d3"}], clicks=[{"position": 5}]
+    ),
+}
+SLOW = {
+    "v1": orjson.dumps(GOOD),
+    "no leap day": v2(ts="2026-02-29T00:00:00Z"),
+    "hour 24": v2(ts="2026-01-01T24:00:00Z"),
+    "an offset of a day": v2(ts="2026-01-01T00:00:00+24:00"),
+    "no zone (local time)": v2(ts="2026-01-01T00:00:00"),
+    "microseconds": v2(ts="2026-01-01T00:00:00.123456Z"),
+    "an unknown doc": v2(results=[{"position": 1, "doc_id": "d9"}]),
+    "a doc id of another length": v2(results=[{"position": 1, "doc_id": "d10"}]),
+    "positions out of order": v2(results=[{"position": 2, "doc_id": "d1"}, {"position": 1, "doc_id": "d2"}]),
+    "a repeated position": v2(results=[{"position": 1, "doc_id": "d1"}, {"position": 1, "doc_id": "d2"}]),
+    "position 0": v2(results=[{"position": 0, "doc_id": "d1"}]),
+    "a position past int32": v2(results=[{"position": 2**31, "doc_id": "d1"}]),
+    "a click not shown": v2(clicks=[{"position": 3, "dwell_ms": 5}]),
+    "a negative dwell": v2(clicks=[{"position": 1, "dwell_ms": -5}]),
+    "an escaped quote": v2(query='6" deck screws'),
+    "an escaped character": v2().replace(b"Deck", b"D\\u00e9ck"),
+    "an extra field": v2(device="mobile"),
+    "another key order": orjson.dumps({"impression_id": "i1", **{k: v for k, v in V2.items() if k != "impression_id"}}),
+    "spaces between tokens": v2().replace(b'"v":2', b'"v": 2'),
+    "a repeated key": v2().replace(b'{"v":2,', b'{"v":2,"v":2,'),
+    "a latin-1 byte": v2().replace(b"Deck", b"D\xe9ck"),
+    "an overlong encoding": v2().replace(b"Deck", b"D\xc0\xafck"),
+    "a control character": v2().replace(b"Deck", b"D\x01ck"),
+    "no results": v2(results=[]),
+    "version 3": v2(v=3),
+    "a result as a list": v2().replace(b'{"position":1,"doc_id":"d1"}', b'[1,"d1"]'),
+}
+
+
+def test_the_vectorised_path_takes_canonical_v2_lines_and_leaves_every_other_line_to_parse_line():
+    lines = list(FAST.values()) + list(SLOW.values())
+    python, vectorised, taken = both_paths(lines)
+    assert vectorised.equals(python)
+    assert taken == set(range(len(FAST))), [
+        name for i, name in enumerate([*FAST, *SLOW]) if (i in taken) != (i < len(FAST))
+    ]
+    by_name = dict(zip([*FAST, *SLOW], python.to_pylist(), strict=True))
+    assert by_name["before the epoch"]["ts_ms"] == -1
+    assert by_name["a zone offset"]["ts_ms"] == 1_772_323_200_250  # 2026-03-01T00:00:00.250Z
+    assert by_name["unicode spaces"]["query"] == "deck screws é"
+    assert by_name["positions out of order"]["reason"] is None  # unique positions in any order are fine
+    assert by_name["an escaped character"]["query"] == "déck screws"
+
+
+def test_the_vectorised_path_matches_parse_line_on_a_dirty_simulated_log_and_on_byte_flips(tmp_path):
+    import gzip
+    import random
+
+    from core.judgments import read_judgments
+    from jobs.catalogue import DEFAULT_CATALOGUE
+    from jobs.rawlog import read_catalogue
+    from jobs.simulate import SimulationConfig, simulate
+
+    cfg = SimulationConfig(impressions=4_000, shards=1, workers=1, log_format=2)
+    simulate(read_judgments(DEFAULT_CATALOGUE), tmp_path, cfg, {"path": "default", "sha256": "default"})
+    catalogue = read_catalogue(tmp_path / "catalogue.parquet").ids
+    lines = gzip.open(next((tmp_path / "logs").glob("part-*")), "rb").read().splitlines()
+    python, vectorised, taken = both_paths(lines, catalogue)
+    assert vectorised.equals(python)
+    assert len(taken) > 0.9 * len(lines)  # the simulator writes canonical lines; its dirt goes to parse_line
+    assert python.column("reason").null_count < len(lines)  # and the dirt is there
+
+    rng = random.Random(11)
+    flipped = []
+    for raw in lines[:1500]:
+        raw = bytearray(raw)
+        for _ in range(rng.randint(0, 2)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        flipped.append(bytes(raw))
+    python, vectorised, taken = both_paths(flipped, catalogue)
+    assert vectorised.equals(python) and 0 < len(taken) < len(flipped)
+
+
+def test_a_catalogue_with_doc_ids_of_mixed_lengths_is_parsed_by_parse_line_alone():
+    catalogue = {"d1": 0, "doc22": 1}
+    lines = [
+        v2(results=[{"position": 1, "doc_id": "d1"}, {"position": 2, "doc_id": "doc22"}]),
+        v2(results=[{"position": 2, "doc_id": "doc22"}]),
+    ]
+    python, vectorised, taken = both_paths(lines, catalogue)
+    assert vectorised.equals(python) and not taken and python.column("reason").null_count == 2
