@@ -32,6 +32,10 @@ class Layout:
         return self.workdir / "clean-days"
 
     @property
+    def propensity(self) -> Path:
+        return self.workdir / "propensity"
+
+    @property
     def vocab(self) -> Path:
         return self.workdir / "vocab"
 

@@ -36,9 +36,15 @@ COMMANDS: dict[str, Command] = {
     ),
     "clean": Command(
         "jobs.clean",
-        "raw logs -> clicked pairs, title pool, rejects (Spark)",
+        "raw logs -> clicked pairs, title pool, impressions, rejects (Spark)",
         "Parse and validate raw logs, quarantine malformed lines with a reason, drop duplicates, empty queries and "
-        "bots, and count clicks per (query, title).",
+        "bots, count clicks per (query, title), and keep each impression's shown titles, clicks and dwell.",
+    ),
+    "propensity": Command(
+        "jobs.propensity",
+        "estimate position bias (examination per rank) from the impressions (Spark + EM)",
+        "Estimate the examination probability of each rank from a `dssm clean` output's impressions/, by EM under "
+        "the position-based model, relative to rank 1; writes propensity.json and a plot. See docs/training.md.",
     ),
     "paraphrase": Command(
         "jobs.paraphrase",

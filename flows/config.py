@@ -19,6 +19,7 @@ from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from jobs.clean import CleanConfig
 from jobs.negatives import NegativesConfig
+from jobs.propensity import PropensityConfig
 from jobs.simulate import SimulationConfig
 from jobs.vocab import VocabConfig
 from retrieval.index import IndexConfig
@@ -55,6 +56,7 @@ class RunConfig:
     judgments: JudgmentsSection = field(default_factory=JudgmentsSection)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
+    propensity: PropensityConfig = field(default_factory=PropensityConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     train: TrainSection = field(default_factory=TrainSection)

@@ -58,6 +58,7 @@ simulate_task = task(stages.simulate_stage, name="simulate", **_ONCE)
 simulate_day_task = task(stages.simulate_day_stage, name="simulate", **_ONCE)
 clean_task = task(stages.clean_stage, name="clean", **_RETRIED)
 clean_window_task = task(stages.clean_window_stage, name="clean", **_RETRIED)
+propensity_task = task(stages.propensity_stage, name="propensity", **_RETRIED)
 vocab_task = task(stages.vocab_stage, name="vocab", **_RETRIED)
 negatives_task = task(stages.negatives_stage, name="negatives", **_RETRIED)
 train_task = task(stages.train_stage, name="train", **_ONCE)  # no retry: a rerun resumes from the checkpoint
@@ -68,7 +69,8 @@ analyze_task = task(stages.analyze_stage, name="analyze", **_ONCE)
 
 @flow(
     name="retrain",
-    description="simulate or ingest click logs, clean, vocab, negatives, train, evaluate, gate, index, analyze",
+    description="simulate or ingest click logs, clean, propensity, vocab, negatives, train, evaluate, gate, index, "
+    "analyze",
 )
 def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a typed default the UI shows)
     """The whole pipeline into `config.workdir`; returns the run summary also written to WORKDIR/report.json.
@@ -100,7 +102,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     done: list[dict] = []
 
     indexed = evaluate and cfg.index_champion
-    stage_count = 4 + len(per_model) + (logs is None) + evaluate + indexed + (evaluate and cfg.analyze)
+    stage_count = 5 + len(per_model) + (logs is None) + evaluate + indexed + (evaluate and cfg.analyze)
     bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
 
     def finished(out: stages.StageOutput) -> dict:
@@ -123,6 +125,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             if logs is None:
                 logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
             cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
+        bias = finished(propensity_task(layout, cleaned["path"], cfg.propensity, master, cfg.force))
         vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
         negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
@@ -162,6 +165,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         else:
             logger.warning("raw logs given without judgments.path: nothing to evaluate on; evaluation skipped")
         log_config(cfg, mlflow_uri, judged.name, done)
+        log_propensity(mlflow_uri, bias["path"], done)
         if window:
             log_window(mlflow_uri, window, cleaned["path"], done)
         return write_summary(layout, cfg, done, report)
@@ -177,6 +181,25 @@ def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict
         run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
         if run_id:
             client.log_text(run_id, text, "run_config.json")
+
+
+def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
+    """The position-bias curve the logs showed (examination per rank, relative to rank 1) as
+    metrics `examination_rank_K` and the curve's JSON and plot, in every training run of this flow run."""
+    import mlflow
+
+    from jobs.propensity import CURVE_FILE, PLOT_FILE, read_curve
+
+    client = mlflow.MlflowClient(mlflow_uri)
+    curve = read_curve(Path(propensity_dir))
+    for out in done:
+        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
+        if not run_id:
+            continue
+        for rank, value in zip(curve["ranks"], curve["examination"], strict=True):
+            client.log_metric(run_id, f"examination_rank_{rank}", value)
+        for name in (CURVE_FILE, PLOT_FILE):
+            client.log_artifact(run_id, str(Path(propensity_dir) / name), "propensity")
 
 
 def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict]) -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from flows.config import EvaluateSection
     from jobs.clean import CleanConfig
     from jobs.negatives import NegativesConfig
+    from jobs.propensity import PropensityConfig
     from jobs.simulate import SimulationConfig
     from jobs.vocab import VocabConfig
     from retrieval.index import IndexConfig
@@ -149,6 +150,21 @@ def clean_stage(layout: Layout, logs: str, cfg: CleanConfig, master: str | None,
 
     out = layout.clean
     return run_data_stage("clean", logs, out, lambda: clean(LazySpark(master, "dssm-run"), logs, out, cfg, force))
+
+
+def propensity_stage(
+    layout: Layout, clean_dir: str, cfg: PropensityConfig, master: str | None, force: bool
+) -> StageOutput:
+    from jobs.propensity import propensity
+    from jobs.spark import LazySpark
+
+    out = layout.propensity
+    return run_data_stage(
+        "propensity",
+        clean_dir,
+        out,
+        lambda: propensity(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force),
+    )
 
 
 def vocab_stage(layout: Layout, clean_dir: str, cfg: VocabConfig, master: str | None, force: bool) -> StageOutput:

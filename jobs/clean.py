@@ -1,4 +1,5 @@
-"""`dssm clean`: raw impression logs -> clicked (query, title) pairs, the title pool, and rejects.
+"""`dssm clean`: raw impression logs -> clicked (query, title) pairs, the title pool, the kept
+impressions (shown titles in rank order, clicks, dwell) and rejects.
 
 Every line read ends up either kept or in `rejects/` with a reason, so that
 read = kept + rejected holds exactly (checked before anything is published):
@@ -242,6 +243,8 @@ def clean(
             titles_df = stable_layout(titles, pairs_total, cfg.rows_per_file, "title")
             n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
+        with timed("write impressions"):
+            n_impressions = write_impressions(kept, catalogue, tmp / "impressions")
         rejects = status.where(F.col("status") != "kept").select(
             F.col("source"),
             F.col("status").alias("reason"),
@@ -259,9 +262,10 @@ def clean(
         spark.catalog.clearCache()  # drops, all_pairs and the rules' persisted rows
         shutil.rmtree(scratch)
 
-        if lines_read != kept_n + rejected or n_rejects != rejected:
+        if lines_read != kept_n + rejected or n_rejects != rejected or n_impressions != kept_n:
             raise DssmError(
                 f"internal error: counts do not reconcile: read {lines_read} != kept {kept_n} + rejected {rejected}"
+                f" (rejects written {n_rejects}, impressions written {n_impressions})"
             )
         queries = distinct_count(tmp / "pairs", "query")
         log.info("clean: read %d lines = kept %d + rejected %d (%s)", lines_read, kept_n, rejected, _top(counts))
@@ -275,12 +279,27 @@ def clean(
                 "queries": queries,
                 "titles": n_titles,
             },
-            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/"},
+            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "rejects/", "impressions": "impressions/"},
         }
 
     with cluster_errors():
         params = {k: v for k, v in asdict(cfg).items() if k != "catalogue"}  # its hash is an input
         return publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force or remote)
+
+
+def write_impressions(kept: DataFrame, catalogue, path: Path) -> int:
+    """`impressions/`: one row per kept impression (jobs/impressions.py). Written in line order,
+    without a shuffle: the parsed scratch splits the same way on a rerun, so the bytes do too."""
+    from jobs.impressions import PARSED_COLUMNS, impression_batches
+    from jobs.schemas import IMPRESSIONS, spark_schema
+
+    spark = kept.sparkSession
+    titles = spark.sparkContext.broadcast(catalogue.titles) if catalogue is not None else None
+    rows = kept.select(*PARSED_COLUMNS).mapInArrow(
+        lambda batches: impression_batches(batches, titles.value if titles is not None else None),
+        spark_schema(IMPRESSIONS),
+    )
+    return write_parquet(rows, path, IMPRESSIONS)
 
 
 def damaged_input(source: Path) -> str | None:

@@ -46,7 +46,7 @@ _JSON = pa.schema(
         ("user_id", pa.string()),
         ("query", pa.string()),
         ("results", pa.list_(pa.struct([("position", pa.int32()), ("doc_id", pa.string())]))),
-        ("clicks", pa.list_(pa.struct([("position", pa.int32())]))),
+        ("clicks", pa.list_(pa.struct([("position", pa.int32()), ("dwell_ms", pa.int32())]))),
     ]
 )
 _MS_PER_DAY = 86_400_000
@@ -144,6 +144,7 @@ def parse_canonical(values: pa.Array, lookup: DocLookup) -> tuple[np.ndarray, di
         "title_ids": pa.ListArray.from_arrays(results.offsets, pa.array(title_ids)),
         "positions": pa.ListArray.from_arrays(results.offsets, results.values.field("position")),
         "clicked": pa.ListArray.from_arrays(clicks.offsets, clicks.values.field("position")),
+        "dwell": pa.ListArray.from_arrays(clicks.offsets, clicks.values.field("dwell_ms").fill_null(0)),
         "shown": pc.list_value_length(results).cast(pa.int32()),
         "clicks": pc.list_value_length(clicks).cast(pa.int32()),
     }

@@ -43,7 +43,7 @@ MALFORMED_REASONS = (
     "bad_value",
 )
 UNKNOWN_DOC = "unknown_doc"  # a v2 result whose doc id the catalogue lacks (or no catalogue was given)
-MAX_POSITION = 2**31 - 1  # positions are stored as int32
+MAX_POSITION = 2**31 - 1  # positions and dwell times are stored as int32
 
 PARSED = pa.schema(
     [
@@ -61,6 +61,7 @@ PARSED = pa.schema(
         pa.field("title_ids", pa.list_(pa.int32())),  # v2: rows of the catalogue's `titles`, in that order
         pa.field("positions", pa.list_(pa.int32())),
         pa.field("clicked", pa.list_(pa.int32())),  # clicked positions
+        pa.field("dwell", pa.list_(pa.int32())),  # each click's dwell_ms (0 when not logged)
         pa.field("shown", pa.int32()),  # results shown and clicks: what the bot rule reads
         pa.field("clicks", pa.int32()),
     ]
@@ -77,6 +78,7 @@ class Impression(NamedTuple):
     title_ids: list[int] | None  # v2: rows of `Catalogue.titles`
     positions: list[int]
     clicked: list[int]
+    dwell: list[int]  # per click, in ms (0 when not logged)
 
 
 class Catalogue(NamedTuple):
@@ -148,7 +150,9 @@ def parse_line(line: str | bytes, doc_ids: dict[str, int] | None = None) -> Impr
         raise Malformed("bad_value", "results: none, a position < 1, or a repeated position")
     if max(positions) > MAX_POSITION:
         raise Malformed("bad_value", f"results: a position above {MAX_POSITION}")
-    if not shown.issuperset(clicked) or (dwells and (not set(map(type, dwells)) <= _INT or min(dwells) < 0)):
+    if not shown.issuperset(clicked) or (
+        dwells and (not set(map(type, dwells)) <= _INT or min(dwells) < 0 or max(dwells) > MAX_POSITION)
+    ):
         raise Malformed("bad_value", "clicks: a position not shown, or a bad dwell_ms")
     query = norm(record["query"])
     if version == 2:
@@ -158,12 +162,16 @@ def parse_line(line: str | bytes, doc_ids: dict[str, int] | None = None) -> Impr
             raise Malformed(UNKNOWN_DOC, f"doc_id {e.args[0]}") from None
         if ids is None:
             raise Malformed(UNKNOWN_DOC, "doc_id any: no catalogue was given")
-        return Impression(record["impression_id"], record["user_id"], ts_ms, query, 2, None, ids, positions, clicked)
+        return Impression(
+            record["impression_id"], record["user_id"], ts_ms, query, 2, None, ids, positions, clicked, dwells
+        )
     cache = _title_norms
     if len(cache) > 200_000:
         cache.clear()
     normed = [cache.get(t) or cache.setdefault(t, norm(t)) for t in titles]
-    return Impression(record["impression_id"], record["user_id"], ts_ms, query, 1, normed, None, positions, clicked)
+    return Impression(
+        record["impression_id"], record["user_id"], ts_ms, query, 1, normed, None, positions, clicked, dwells
+    )
 
 
 def _field_error(record: dict) -> None:

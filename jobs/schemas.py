@@ -54,6 +54,18 @@ REJECTS = pa.schema(
     ]
 )
 
+IMPRESSIONS = pa.schema(
+    [
+        pa.field("impression_id", pa.string(), nullable=False),
+        pa.field("ts_ms", pa.int64(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),  # normalised
+        pa.field("titles", _str_list, nullable=False),  # shown, in rank order, normalised
+        pa.field("positions", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False),  # ranks
+        pa.field("clicked", pa.list_(pa.field("element", pa.bool_(), nullable=False)), nullable=False),
+        pa.field("dwell_ms", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False),  # 0: no click
+    ]
+)
+
 VOCAB = pa.schema(
     [
         pa.field("id", pa.int32(), nullable=False),  # 0 is reserved for unknown
@@ -103,6 +115,8 @@ def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType
             return T.DoubleType()
         if pa.types.is_float32(dtype):
             return T.FloatType()
+        if pa.types.is_boolean(dtype):
+            return T.BooleanType()
         if pa.types.is_list(dtype):
             return T.ArrayType(convert(dtype.value_type), containsNull=True)  # Spark cannot cast to False
         raise TypeError(f"no Spark type for {dtype}")

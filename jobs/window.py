@@ -13,7 +13,9 @@ judged within each day only (docs/raw-log-format.md).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,7 @@ def clean_window(
         titles = _summed([days_dir / f"dt={d}" / "titles" for d in days], ["title"], TITLES)
         n_pairs = _write(pairs, tmp / "pairs", CLICK_PAIRS, cfg.rows_per_file)
         n_titles = _write(titles, tmp / "titles", TITLES, cfg.rows_per_file)
+        _link_impressions({d: days_dir / f"dt={d}" / "impressions" for d in days}, tmp / "impressions")
         per_day = {d: manifests[d]["counts"] for d in days}
         reasons: dict[str, int] = {}
         for counts in per_day.values():
@@ -108,7 +111,12 @@ def clean_window(
                 },
                 "missing": [d for d in dates if d not in present],
             },
-            "outputs": {"pairs": "pairs/", "titles": "titles/", "rejects": "per day: " + str(days_dir)},
+            "outputs": {
+                "pairs": "pairs/",
+                "titles": "titles/",
+                "impressions": "impressions/",
+                "rejects": "per day: " + str(days_dir),
+            },
         }
 
     manifest = publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force)
@@ -135,6 +143,19 @@ def _write(table: pa.Table, path: Path, schema: pa.Schema, rows_per_file: int) -
         pq.write_table(table.slice(start, rows_per_file), path / f"part-{i:05d}.parquet", compression="zstd")
     check_parquet(path, schema)
     return table.num_rows
+
+
+def _link_impressions(days: dict[str, Path], out: Path) -> None:
+    """The window's impressions are its days' own files, hard-linked (no copy of the largest
+    output; a day recleaned later gets new files, so the window keeps what it was built from)."""
+    out.mkdir(parents=True)
+    for day, path in days.items():
+        for part in sorted(path.glob("*.parquet")):
+            target = out / f"dt={day}-{part.name}"
+            try:
+                os.link(part, target)
+            except OSError:  # another filesystem
+                shutil.copy2(part, target)
 
 
 def _span(present: dict[str, Path]) -> str:

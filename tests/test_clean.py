@@ -208,3 +208,17 @@ def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_
     assert c["kept"] == outputs[2]["counts"]["kept"]
     rejects = pq.read_table(tmp_path / "clean-mixed" / "rejects").to_pylist()
     assert [r["detail"] for r in rejects if r["reason"] == "unknown_doc"] == ["doc_id d000000000000"]
+
+
+def test_impressions_keep_every_kept_line_in_rank_order_and_add_up_to_the_title_counts(pipeline):
+    impressions = pq.read_table(pipeline["clean"] / "impressions")
+    counts = read_manifest(pipeline["clean"])["counts"]
+    assert impressions.num_rows == counts["kept"] and read_manifest(pipeline["clean"])["outputs"]["impressions"]
+    rows = impressions.to_pylist()
+    assert len({r["impression_id"] for r in rows}) == len(rows)  # duplicates were dropped
+    assert all(r["positions"] == sorted(r["positions"]) for r in rows)
+    assert all(len(r["titles"]) == len(r["positions"]) == len(r["clicked"]) == len(r["dwell_ms"]) for r in rows)
+    assert all((d > 0) == c for r in rows for c, d in zip(r["clicked"], r["dwell_ms"], strict=True))
+    titles = pq.read_table(pipeline["clean"] / "titles")
+    assert sum(len(r["titles"]) for r in rows) == sum(titles.column("impressions").to_pylist())
+    assert sum(sum(r["clicked"]) for r in rows) == sum(titles.column("clicks").to_pylist())

@@ -86,8 +86,18 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     summary = json.loads((work / "report.json").read_text())
     assert set(summary["systems"]) == {"bm25", "lstm", "lstm+bm25"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
     stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
-    assert list(stages) == ["simulate", "clean", "vocab", "negatives", "train", "evaluate", "index", "analyze"]
-    assert all(stages[s]["skipped"] for s in ["simulate", "clean", "vocab", "negatives"])
+    assert list(stages) == [
+        "simulate",
+        "clean",
+        "propensity",
+        "vocab",
+        "negatives",
+        "train",
+        "evaluate",
+        "index",
+        "analyze",
+    ]
+    assert all(stages[s]["skipped"] for s in ["simulate", "clean", "propensity", "vocab", "negatives"])
     planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
     assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
     assert "| lstm |" in out and f"report: {work / 'report.json'}" in out
@@ -129,6 +139,11 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     logged = Path(mlflow.MlflowClient().download_artifacts(train_run, "run_config.json", str(tmp_path)))
     logged = json.loads(logged.read_text())
     assert logged == summary["config"]
+    # the position bias the logs showed: a curve in the training run, falling from rank 1
+    metrics = mlflow.MlflowClient().get_run(train_run).data.metrics
+    assert metrics["examination_rank_1"] == 1.0 and metrics["examination_rank_5"] < metrics["examination_rank_2"] < 1
+    logged_bias = {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "propensity")}
+    assert "propensity/propensity.png" in logged_bias
 
     def skipped_stages() -> dict[str, bool]:
         return {s["stage"]: s["skipped"] for s in json.loads((work / "report.json").read_text())["pipeline"]["stages"]}
@@ -150,6 +165,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert skipped == {
         "simulate": True,
         "clean": True,
+        "propensity": True,
         "vocab": True,
         "negatives": False,
         "train": False,

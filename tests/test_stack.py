@@ -2,7 +2,8 @@
 worker), and scheduled retraining on it: `dssm schedule` registers a cron deployment, the Prefect
 server schedules a run, the runner executes the flow against the stack's Spark and MLflow. The
 flow ingests the session pipeline's raw logs, so the clean job's output on the standalone cluster
-can be compared row for row with the local[2] run: the same job code, only the master differs."""
+can be compared row for row with the local[2] run: the same job code, only the master differs.
+A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too."""
 
 import json
 import os
@@ -43,7 +44,7 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen, log) ->
         time.sleep(2)
 
 
-def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
+def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipeline, tmp_path):
     cfg = stack.StackConfig(
         root=tmp_path / "stack",
         prefect_port=free_port(),
@@ -90,6 +91,7 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         }
         assert [s["stage"] for s in report["pipeline"]["stages"]] == [
             "clean",
+            "propensity",
             "vocab",
             "negatives",
             "train",
@@ -116,6 +118,25 @@ def test_scheduled_retraining_runs_on_the_local_stack(pipeline, tmp_path):
         champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
         retriever = client.get_model_version_by_alias(f"dssm-{report['dataset']}-retriever", "champion")
         assert champion.tags["retriever_version"] == f"dssm-{report['dataset']}-retriever/{retriever.version}"
+
+        # v2 logs (doc ids, titles in the catalogue side table, the vectorised parser on the
+        # executors): the cluster's clean gives the local[2] rows too
+        from jobs.clean import clean
+        from jobs.simulate import SimulationConfig, simulate
+
+        v2 = tmp_path / "simulate-v2"
+        sim = SimulationConfig(impressions=20_000, shards=2, workers=1, log_format=2)
+        simulate(default_pairs, v2, sim, {"path": "default", "sha256": "default"})
+        local = clean(spark, str(v2), tmp_path / "clean-v2-local")
+        on_cluster = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(v2)]
+        on_cluster += ["--out", str(tmp_path / "clean-v2"), "--master", state["urls"]["spark"]]
+        proc = subprocess.run(on_cluster, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert read_manifest(tmp_path / "clean-v2")["counts"] == local["counts"]
+        for dataset in ("pairs", "titles", "rejects"):
+            assert pq.read_table(tmp_path / "clean-v2" / dataset).equals(
+                pq.read_table(tmp_path / "clean-v2-local" / dataset)
+            )
 
         # A cluster that loses its workers: the job waiting for executors fails within the bound, saying why.
         os.killpg(state["services"]["spark-worker"]["pid"], signal.SIGKILL)
