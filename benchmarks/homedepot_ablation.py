@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/homedepot_ablation.py \\
         --variant separate= --variant shared=model.shared_towers=true --seeds 1,2,3
 
+A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its own negatives
+(`dssm negatives --KEY VALUE` into WORKDIR/negatives-VARIANT), which it trains on; `--eta` and
+`--ranker-noise` simulate a log with another position bias.
+
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
    same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=;
@@ -45,6 +49,8 @@ def main() -> None:
         help="a config variant (repeatable); the first is the reference",
     )
     p.add_argument("--seeds", default="1,2,3", help="training seeds (default: %(default)s)")
+    p.add_argument("--eta", type=float, help="the simulated log's position bias (dssm simulate --eta)")
+    p.add_argument("--ranker-noise", type=float, help="the simulated log's ranker noise (dssm simulate --ranker-noise)")
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
     args = p.parse_args()
     if not args.judgments.exists():
@@ -53,13 +59,23 @@ def main() -> None:
     layout = Layout(args.workdir)
     # the data stages of `dssm run` (same jobs, same settings: the same outputs), each skipped when up to date
     judged = ["--judgments", str(args.judgments)]
-    dssm("simulate", *judged, "--out", str(layout.simulate), "--impressions", str(args.impressions))
+    click_model = [f"--{k.replace('_', '-')}={v}" for k, v in [("eta", args.eta), ("ranker_noise", args.ranker_noise)]]
+    click_model = [a for a in click_model if not a.endswith("=None")]
+    dssm("simulate", *judged, "--out", str(layout.simulate), "--impressions", str(args.impressions), *click_model)
     dssm("clean", "--input", str(layout.simulate), "--out", str(layout.clean))
     dssm("vocab", "--clean", str(layout.clean), "--out", str(layout.vocab))
     dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives))
     seeds = [int(s) for s in args.seeds.split(",")]
     runs: dict[str, list[Path]] = {}
     for name, overrides in args.variant:
+        # A negatives.* override is a variant of the data: its own negatives, trained on.
+        data = [o.removeprefix("negatives.").split("=", 1) for o in overrides if o.startswith("negatives.")]
+        if data:
+            variant_negatives = layout.workdir / f"negatives-{name}"
+            options = [a for k, v in data for a in (f"--{k.replace('_', '-')}", v)]
+            dssm("negatives", "--clean", str(layout.clean), "--out", str(variant_negatives), *options)
+            overrides = [o for o in overrides if not o.startswith("negatives.")]
+            overrides.append(f"data.negatives={variant_negatives}")
         for seed in seeds:
             out = layout.train(f"ablation-{name}-s{seed}")
             runs.setdefault(name, []).append(out)

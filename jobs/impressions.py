@@ -3,16 +3,21 @@ click flags and dwell times (schema `jobs.schemas.IMPRESSIONS`).
 
 Built per Arrow batch from parsed rows (`jobs.rawlog.PARSED`) with numpy, no Python object per
 row: v2 title ids are named from the catalogue's titles by one `take`, each list is put in
-position order, and clicks are matched to their shown position by a sorted search.
+position order, and clicks are matched to their shown position by a sorted search. Each Spark
+task writes its own Parquet file with pyarrow (`write_partition`): the title strings, the bulk
+of the data, never pass through the JVM (through Spark's writer they cost 4x the time at 10M
+impressions).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from jobs.schemas import IMPRESSIONS
 
@@ -28,6 +33,40 @@ def impression_batches(batches: Iterator[pa.RecordBatch], titles: list[str] | No
             rows = batch.filter(pc.equal(batch.column("v"), version))
             if len(rows):
                 yield _impressions(rows, named, version)
+
+
+ROW_GROUP = 131_072  # rows per Parquet row group
+WRITTEN = "file string, rows long"  # what `write_partition` returns per task, as a Spark schema
+
+
+def write_partition(
+    batches: Iterator[pa.RecordBatch], titles: list[str] | None, out: str, partition: int
+) -> Iterator[pa.RecordBatch]:
+    """Write one task's impressions to `out/part-PPPPP.parquet` (no file for an empty task) and
+    yield (file, rows). The name is the task's partition: a retried task rewrites its own file."""
+    path = Path(out) / f"part-{partition:05d}.parquet"
+    writer, rows, pending = None, 0, []
+
+    def flush() -> None:
+        nonlocal writer
+        if writer is None:
+            writer = pq.ParquetWriter(path, IMPRESSIONS, compression="zstd")
+        writer.write_table(pa.Table.from_batches(pending).cast(IMPRESSIONS))
+        pending.clear()
+
+    try:
+        for batch in impression_batches(batches, titles):
+            pending.append(batch)
+            rows += batch.num_rows
+            if sum(b.num_rows for b in pending) >= ROW_GROUP:
+                flush()
+        if pending:
+            flush()
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is not None:
+        yield pa.RecordBatch.from_pydict({"file": [path.name], "rows": [rows]})
 
 
 def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> pa.RecordBatch:

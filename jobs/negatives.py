@@ -5,6 +5,12 @@ index for k = 0, 1, 2, …; candidates that were clicked for the same query (the
 or repeat an earlier candidate are skipped, and the first `n` survivors are kept. Being a pure
 function of the data and the seed, the result does not depend on Spark's partitioning or on the
 number of workers. Queries are split into train and validation by a seeded hash.
+
+With `skip_above` > 0, a share of each row's negatives are skip-above titles instead (Joachims
+et al., SIGIR 2005): titles shown above the clicked title in one of its impressions and not clicked
+there, nor ever clicked for the query. They are the user's own judgement that those titles looked
+worse, harder than random pool titles. Up to round(skip_above * n) of them per row, chosen by a
+hash of (seed, query, positive, title); the random draws fill the rest, in their order.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class NegativesConfig:
     seed: int = 13
     valid_fraction: float = 0.1  # share of queries held out for validation
     shards: int = 8  # train files (the trainer's ranks stream disjoint files)
+    skip_above: float = 0.0  # share of each row's negatives taken from titles skipped above the click
 
 
 def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
@@ -90,19 +97,60 @@ def sample_negatives(pairs: DataFrame, titles: DataFrame, cfg: NegativesConfig) 
     raise DssmError(f"could not draw {cfg.n} negatives for {todo.count()} pairs in {MAX_ROUNDS} rounds")
 
 
+def skipped_above(impressions: DataFrame, pairs: DataFrame) -> DataFrame:
+    """(query, positive, negative): `negative` was shown above `positive` in an impression where
+    `positive` was clicked and it was not, and it was never clicked for the query."""
+    shown = impressions.select(
+        "impression_id", "query", F.posexplode(F.arrays_zip("titles", "clicked")).alias("rank", "r")
+    ).select("impression_id", "query", "rank", F.col("r.titles").alias("title"), F.col("r.clicked").alias("clicked"))
+    clicks = shown.where("clicked").select("impression_id", F.col("rank").alias("clicked_rank"), "title")
+    skips = shown.where(~F.col("clicked")).select("impression_id", "query", "rank", F.col("title").alias("negative"))
+    above = skips.join(clicks, "impression_id").where(F.col("rank") < F.col("clicked_rank"))
+    found = above.select("query", F.col("title").alias("positive"), "negative").distinct()
+    return found.join(pairs.select("query", F.col("title").alias("negative")), ["query", "negative"], "left_anti")
+
+
+def mix_skipped(rows: DataFrame, skipped: DataFrame, cfg: NegativesConfig) -> DataFrame:
+    """`rows` with up to round(skip_above * n) of their negatives replaced by skip-above titles."""
+    hard = max(0, min(cfg.n, round(cfg.skip_above * cfg.n)))
+    ranked = skipped.withColumn("h", F.xxhash64(F.lit(cfg.seed), F.lit("skip"), "query", "positive", "negative"))
+    chosen = ranked.groupBy("query", "positive").agg(
+        F.slice(F.sort_array(F.collect_list(F.struct("h", "negative"))), 1, hard)["negative"].alias("hard")
+    )
+    hard_col = F.coalesce("hard", F.array().cast("array<string>"))
+    mixed = F.concat(
+        hard_col,
+        F.slice(F.filter("negatives", lambda x: ~F.array_contains(hard_col, x)), 1, F.lit(cfg.n) - F.size(hard_col)),
+    )
+    return (
+        rows.join(chosen, ["query", "positive"], "left")
+        .withColumn("negatives", mixed)
+        .withColumn("skip_above", F.size(hard_col))
+        .drop("hard")
+    )
+
+
 def negatives(
     spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(), force: bool = False
 ) -> dict[str, Any]:
     upstream = require_manifest(clean_dir, "clean")
-    if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1:
-        raise DssmError("need n >= 0, shards >= 1 and 0 <= valid_fraction < 1")
+    if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1 or not 0 <= cfg.skip_above <= 1:
+        raise DssmError("need n >= 0, shards >= 1, 0 <= valid_fraction < 1 and 0 <= skip_above <= 1")
+    if cfg.skip_above and "impressions" not in upstream.get("outputs", {}):
+        raise DssmError(f"skip_above needs the impressions of a `dssm clean` output; {clean_dir} has none")
     inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
 
     def build(tmp: Path) -> dict[str, Any]:
         pairs = spark.read.parquet(str(clean_dir / "pairs"))
         titles = spark.read.parquet(str(clean_dir / "titles"))
-        rows = validation_queries(sample_negatives(pairs, titles, cfg), cfg)
+        rows = sample_negatives(pairs, titles, cfg)
         counts: dict[str, Any] = {}
+        if cfg.skip_above and cfg.n:
+            impressions = spark.read.parquet(str(clean_dir / "impressions"))
+            rows = mix_skipped(rows, skipped_above(impressions, pairs), cfg).persist()
+            counts["skip_above_negatives"] = rows.agg(F.sum("skip_above")).first()[0] or 0
+            rows = rows.drop("skip_above")
+        rows = validation_queries(rows, cfg)
         for split, files in (("train", cfg.shards), ("valid", max(1, cfg.shards // 4))):
             part = rows.where(F.col("valid") == (split == "valid"))
             ordered = part.repartition(files, "query").sortWithinPartitions("query", "positive")
@@ -140,6 +188,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction, help="(default: %(default)s)")
     p.add_argument("--shards", type=int, default=d.shards, help="train files (default: %(default)s)")
+    p.add_argument(
+        "--skip-above",
+        type=float,
+        default=d.skip_above,
+        help="share of each row's negatives taken from titles shown above the click and skipped (default: %(default)s)",
+    )
     add_spark_options(p)
 
 

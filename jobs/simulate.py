@@ -21,7 +21,7 @@ import logging
 import multiprocessing
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -493,6 +493,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.log_format,
         help="1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (default: %(default)s)",
     )
+    m = ClickModel()
+    g.add_argument("--eta", type=float, default=m.eta, help="examination at rank r is r**-eta (default: %(default)s)")
+    g.add_argument(
+        "--ranker-noise",
+        type=float,
+        default=m.ranker_noise,
+        help="std of the production ranker's score noise, relevance in [0, 1] (default: %(default)s)",
+    )
     g.add_argument(
         "--day",
         default="",
@@ -511,7 +519,8 @@ def command(args: argparse.Namespace) -> None:
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
-    cfg = from_args(SimulationConfig, args)
+    model = replace(ClickModel(), eta=args.eta, ranker_noise=args.ranker_noise)
+    cfg = from_args(SimulationConfig, args, model=model)
     out = args.out / partition_name(cfg.day) if cfg.day else args.out
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
         m = simulate(judged.pairs(), out, cfg, judged.describe(), progress=bar.update, force=args.force)

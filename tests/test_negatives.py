@@ -97,3 +97,33 @@ def test_canonical_footers_sort_each_encoding_list_in_place(pipeline, tmp_path):
     part.write_bytes(bytes(data))
     assert part.read_bytes() != original and canonicalize(part) and part.read_bytes() == original
     assert pq.read_table(part).num_rows > 0
+
+
+def test_skip_above_negatives_were_shown_above_the_click_and_never_clicked(spark, pipeline, tmp_path):
+    from jobs.negatives import negatives
+
+    cfg = NegativesConfig(shards=3, skip_above=0.5)
+    manifest = negatives(spark, pipeline["clean"], tmp_path / "hard", cfg)
+    clicked = defaultdict(set)
+    for p in rows(pipeline["clean"] / "pairs"):
+        clicked[p["query"]].add(p["title"])
+    above = defaultdict(set)  # (query, clicked title) -> titles shown above it and skipped there
+    for imp in rows(pipeline["clean"] / "impressions"):
+        shown = list(zip(imp["titles"], imp["clicked"], strict=True))
+        for j, (title, click) in enumerate(shown):
+            if click:
+                above[imp["query"], title] |= {t for t, c in shown[:j] if not c}
+    random_rows = {(r["query"], r["positive"]): r["negatives"] for r in rows(pipeline["negatives"] / "train")}
+    hard_rows = rows(tmp_path / "hard" / "train") + rows(tmp_path / "hard" / "valid")
+    assert len(hard_rows) == len(rows(pipeline["clean"] / "pairs"))
+    taken = 0
+    for r in hard_rows:
+        skipped = above[r["query"], r["positive"]] - clicked[r["query"]]
+        hard = r["negatives"][: min(len(skipped), 2)]  # round(0.5 * 4) first, when there are enough
+        assert len(r["negatives"]) == len(set(r["negatives"])) == cfg.n
+        assert not set(r["negatives"]) & clicked[r["query"]] and set(hard) <= skipped
+        rest = random_rows.get((r["query"], r["positive"]))
+        if rest is not None:  # the random draws fill the rest, in their order
+            assert r["negatives"][len(hard) :] == [n for n in rest if n not in hard][: cfg.n - len(hard)]
+        taken += len(hard)
+    assert taken == manifest["counts"]["skip_above_negatives"] > len(hard_rows) // 2
