@@ -125,7 +125,11 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             if logs is None:
                 logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
             cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
-        bias = finished(propensity_task(layout, cleaned["path"], cfg.propensity, master, cfg.force))
+        bias = propensity_task(layout, cleaned["path"], cfg.propensity, master, cfg.force)
+        if bias:
+            bias = finished(bias)
+        else:
+            bar.update(1)
         vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
         negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
@@ -165,7 +169,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         else:
             logger.warning("raw logs given without judgments.path: nothing to evaluate on; evaluation skipped")
         log_config(cfg, mlflow_uri, judged.name, done)
-        log_propensity(mlflow_uri, bias["path"], done)
+        if bias:
+            log_propensity(mlflow_uri, bias["path"], done)
         if window:
             log_window(mlflow_uri, window, cleaned["path"], done)
         return write_summary(layout, cfg, done, report)

@@ -154,10 +154,14 @@ def clean_stage(layout: Layout, logs: str, cfg: CleanConfig, master: str | None,
 
 def propensity_stage(
     layout: Layout, clean_dir: str, cfg: PropensityConfig, master: str | None, force: bool
-) -> StageOutput:
+) -> StageOutput | None:
+    """The position-bias curve of the clean stage's impressions; None when it wrote none (clean.impressions=false)."""
     from jobs.propensity import propensity
     from jobs.spark import LazySpark
 
+    if "impressions" not in (read_manifest(Path(clean_dir)) or {}).get("outputs", {}):
+        log.info("propensity: %s has no impressions/ (clean.impressions=false); position bias not estimated", clean_dir)
+        return None
     out = layout.propensity
     return run_data_stage(
         "propensity",

@@ -72,14 +72,15 @@ def clean_window(
         raise DssmError(f"{root}: no partition of the window {dates[0]}..{dates[-1]} (found: {_span(present)})")
     manifests = {d: clean(spark, str(present[d]), days_dir / present[d].name, cfg, force) for d in days}
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
-    params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file}
+    params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}
 
     def build(tmp: Path) -> dict[str, Any]:
         pairs = _summed([days_dir / f"dt={d}" / "pairs" for d in days], ["query", "title"], CLICK_PAIRS)
         titles = _summed([days_dir / f"dt={d}" / "titles" for d in days], ["title"], TITLES)
         n_pairs = _write(pairs, tmp / "pairs", CLICK_PAIRS, cfg.rows_per_file)
         n_titles = _write(titles, tmp / "titles", TITLES, cfg.rows_per_file)
-        _link_impressions({d: days_dir / f"dt={d}" / "impressions" for d in days}, tmp / "impressions")
+        if cfg.impressions:
+            _link_impressions({d: days_dir / f"dt={d}" / "impressions" for d in days}, tmp / "impressions")
         per_day = {d: manifests[d]["counts"] for d in days}
         reasons: dict[str, int] = {}
         for counts in per_day.values():
@@ -114,7 +115,7 @@ def clean_window(
             "outputs": {
                 "pairs": "pairs/",
                 "titles": "titles/",
-                "impressions": "impressions/",
+                **({"impressions": "impressions/"} if cfg.impressions else {}),
                 "rejects": "per day: " + str(days_dir),
             },
         }

@@ -42,3 +42,28 @@ def test_the_curve_estimated_from_clean_impressions_matches_the_simulators_truth
     assert (tmp_path / "propensity" / PLOT_FILE).stat().st_size > 10_000
     # the uncorrected click rate per rank falls faster than examination: relevance is ranked first
     assert curve["click_rate_per_rank"][4] / curve["click_rate_per_rank"][0] < estimated[5]
+
+
+def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark, pipeline, tmp_path):
+    from core.errors import DssmError
+    from core.layout import Layout
+    from flows.stages import propensity_stage
+    from jobs.clean import CleanConfig, clean
+    from jobs.negatives import NegativesConfig, negatives
+    from jobs.propensity import PropensityConfig, propensity
+
+    out = tmp_path / "clean"
+    manifest = clean(spark, str(pipeline["simulate"]), out, CleanConfig(impressions=False))
+    assert "impressions" not in manifest["outputs"] and not (out / "impressions").exists()
+    assert manifest["counts"]["kept"] == read_counts(pipeline["clean"])["kept"]
+    with pytest.raises(DssmError, match="no impressions"):
+        propensity(spark, out, tmp_path / "propensity")
+    with pytest.raises(DssmError, match="skip_above needs the impressions"):
+        negatives(spark, out, tmp_path / "negatives", NegativesConfig(skip_above=0.5))
+    assert propensity_stage(Layout(tmp_path), str(out), PropensityConfig(), None, False) is None  # the flow goes on
+
+
+def read_counts(path):
+    from core.artifacts import read_manifest
+
+    return read_manifest(path)["counts"]
