@@ -9,6 +9,7 @@ sampled every 0.2 s. Results are printed as a Markdown table and written as JSON
 
 --log-formats 1 2 runs each size in both raw-log formats, side by side: v1 lines carry titles, v2
 lines carry doc ids with the titles in a catalogue side table (docs/raw-log-format.md).
+--no-impressions measures clean without its impressions/ output.
 """
 
 from __future__ import annotations
@@ -72,7 +73,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-work" / "jobs_bench.json")
     parser.add_argument("--log-formats", nargs="+", type=int, default=[1], help="raw-log formats (1, 2)")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument(
+        "--no-impressions", action="store_true", help="clean without impressions/ (`dssm clean --no-impressions`)"
+    )
     args = parser.parse_args()
+    clean_opts = ["--no-impressions"] if args.no_impressions else []
 
     results = []
     for size, log_format in [(size, f) for size in args.sizes for f in args.log_formats]:
@@ -82,7 +87,7 @@ def main() -> None:
         row = {"impressions": size, "log_format": log_format}
         for stage, stage_args in [
             ("simulate", ["simulate", "--out", str(Layout(work).simulate), "--impressions", str(size), *judged]),
-            ("clean", ["clean", "--input", str(Layout(work).simulate), "--out", str(Layout(work).clean)]),
+            ("clean", ["clean", "--input", str(Layout(work).simulate), "--out", str(Layout(work).clean), *clean_opts]),
             ("vocab", ["vocab", "--clean", str(Layout(work).clean), "--out", str(Layout(work).vocab)]),
             ("negatives", ["negatives", "--clean", str(Layout(work).clean), "--out", str(Layout(work).negatives)]),
         ]:

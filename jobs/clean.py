@@ -196,10 +196,6 @@ def clean(
                 if damaged:  # Spark's own message names no file
                     raise DssmError(damaged) from None
                 raise
-        with split_evenly(spark, scratch):
-            return build_from(tmp, scratch, catalogue)
-
-    def build_from(tmp: Path, scratch: Path, catalogue) -> dict[str, Any]:
         parsed = spark.read.parquet(str(scratch))
         lines_read = parsed.count()
         if lines_read == 0:
@@ -340,22 +336,6 @@ def damaged_input(source: Path) -> str | None:
         except (EOFError, OSError, zlib.error) as e:
             return f"{path}: a damaged gzip file ({e}); repair it or move it out of the input"
     return None
-
-
-@contextmanager
-def split_evenly(spark: SparkSession, scratch: Path) -> Iterator[None]:
-    """Read the parsed scratch in about 4 splits per core. Spark packs files into 128 MB splits, so
-    10M impressions' scratch (~350 MB) made 3 tasks on 2 cores, one core idle for a third of every
-    step that reads it."""
-    key = "spark.sql.files.maxPartitionBytes"
-    before = spark.conf.get(key)
-    size = sum(f.stat().st_size for f in scratch.rglob("*.parquet"))
-    cores = spark.sparkContext.defaultParallelism
-    spark.conf.set(key, str(max(4 << 20, min(128 << 20, size // (4 * cores) + 1))))
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
 
 
 @contextmanager
