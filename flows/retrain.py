@@ -176,16 +176,20 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         return write_summary(layout, cfg, done, report)
 
 
+def training_runs(done: list[dict]) -> list[str]:
+    """The MLflow run ids of this flow run's training stages (made or reused)."""
+    trained = [out["counts"].get("mlflow_run_id") for out in done if out["stage"] == "train"]
+    return [run_id for run_id in trained if run_id]
+
+
 def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict]) -> None:
     """The resolved run config as `run_config.json` of every MLflow training run this flow run made or reused."""
     import mlflow
 
     client = mlflow.MlflowClient(mlflow_uri)
     text = json.dumps(cfg.to_dict(), indent=2, default=str)
-    for out in done:
-        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
-        if run_id:
-            client.log_text(run_id, text, "run_config.json")
+    for run_id in training_runs(done):
+        client.log_text(run_id, text, "run_config.json")
 
 
 def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
@@ -197,10 +201,7 @@ def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> No
 
     client = mlflow.MlflowClient(mlflow_uri)
     curve = read_curve(Path(propensity_dir))
-    for out in done:
-        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
-        if not run_id:
-            continue
+    for run_id in training_runs(done):
         for rank, value in zip(curve["ranks"], curve["examination"], strict=True):
             client.log_metric(run_id, f"examination_rank_{rank}", value)
         for name in (CURVE_FILE, PLOT_FILE):
@@ -219,10 +220,7 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
 
     client = mlflow.MlflowClient(mlflow_uri)
     days = window_inputs(Path(clean_dir))
-    for out in done:
-        run_id = out["counts"].get("mlflow_run_id") if out["stage"] == "train" else None
-        if not run_id:
-            continue
+    for run_id in training_runs(done):
         log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
         client.set_tag(run_id, "window", f"{window[0]}..{window[-1]}")
         client.set_tag(run_id, "run_date", window[-1])
