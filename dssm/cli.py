@@ -113,7 +113,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "run": Command(
         "flows.retrain",
-        "the retrain flow, ad hoc: simulate -> clean -> vocab -> negatives -> train -> evaluate -> analyze",
+        "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, train, evaluate, index, analyze",
         "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags "
         "given < KEY=VALUE overrides (e.g. negatives.seed=7 train.epochs=10). Every stage runs into the work dir, "
         "ending with the trained model and the baselines evaluated on the judged set's test queries, the model "
