@@ -101,9 +101,11 @@ class DocLookup:
 def parse_canonical(values: pa.Array, lookup: DocLookup) -> tuple[np.ndarray, dict[str, pa.Array]]:
     """The rows of `values` (binary) taken by the fast path, and their PARSED columns
     (impression_id ... clicks, without source/line/reason/detail/raw)."""
+    if not lookup.width:  # ids of mixed lengths: no fast path, so no regex pass either
+        return np.zeros(0, np.int64), {}
     taken = np.flatnonzero(pc.match_substring_regex(values, CANONICAL_V2).to_numpy(zero_copy_only=False))
-    if len(taken) == 0 or not lookup.width:
-        return taken[:0], {}
+    if len(taken) == 0:
+        return taken, {}
     lines = pc.binary_join_element_wise(values.take(taken), pa.scalar(b"", pa.binary()), b"\n")
     table = pj.read_json(
         io.BytesIO(memoryview(lines.buffers()[2])[: int(np.frombuffer(lines.buffers()[1], np.int32)[-1])]),
@@ -127,10 +129,8 @@ def parse_canonical(values: pa.Array, lookup: DocLookup) -> tuple[np.ndarray, di
     # Every click on a shown position: look (line, position) up among the shown ones, sorted.
     clicked = clicks.values.field("position").to_numpy()
     click_of = pc.list_parent_indices(clicks).to_numpy()
-    shown_keys = (shown_of.astype(np.int64) << 32) | positions
-    click_keys = (click_of.astype(np.int64) << 32) | clicked
-    at = np.minimum(np.searchsorted(shown_keys, click_keys), max(len(shown_keys) - 1, 0))
-    ok[click_of[shown_keys[at] != click_keys]] = False
+    _, found = shown_index(shown_of, positions, click_of, clicked)
+    ok[click_of[~found]] = False
 
     query = pc.dictionary_encode(table.column("query").chunk(0))
     normed = pa.array(map(norm, query.dictionary.to_pylist()), pa.string()).take(query.indices)
@@ -150,6 +150,17 @@ def parse_canonical(values: pa.Array, lookup: DocLookup) -> tuple[np.ndarray, di
     }
     keep = pa.array(ok)
     return taken[ok], {name: col.filter(keep) for name, col in columns.items()}
+
+
+def shown_index(
+    shown_of: np.ndarray, positions: np.ndarray, click_of: np.ndarray, clicked: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where each click (row, position) is among the shown results (row, position), which must be
+    sorted by row, then position; and whether it is there at all."""
+    shown_keys = (shown_of.astype(np.int64) << 32) | positions
+    click_keys = (click_of.astype(np.int64) << 32) | clicked
+    at = np.minimum(np.searchsorted(shown_keys, click_keys), max(len(shown_keys) - 1, 0))
+    return at, shown_keys[at] == click_keys if len(shown_keys) else np.zeros(len(click_keys), bool)
 
 
 def _epoch_ms(ts: pa.Array, ok: np.ndarray) -> np.ndarray:

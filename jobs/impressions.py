@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from jobs.fastparse import shown_index
 from jobs.schemas import IMPRESSIONS
 
 PARSED_COLUMNS = ("impression_id", "ts_ms", "query", "v", "titles", "title_ids", "positions", "clicked", "dwell")
@@ -81,10 +82,9 @@ def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> pa.Rec
     order = np.lexsort((position, parent))
     position, names = position[order], names.take(pa.array(order))
     clicks = rows.column("clicked")
-    click_of = pc.list_parent_indices(clicks).to_numpy().astype(np.int64)
-    click_keys = (click_of << 32) | pc.list_flatten(clicks).to_numpy()
-    shown_keys = (parent.astype(np.int64) << 32) | position  # sorted: parent, then position
-    at = np.searchsorted(shown_keys, click_keys)  # every click is on a shown position (parse checked)
+    click_of = pc.list_parent_indices(clicks).to_numpy()
+    # every click is on a shown position (parsing checked)
+    at, _ = shown_index(parent, position, click_of, pc.list_flatten(clicks).to_numpy())
     clicked = np.zeros(len(position), bool)
     clicked[at] = True
     dwell = np.zeros(len(position), np.int64)
