@@ -4,8 +4,9 @@
         --variant separate= --variant shared=model.shared_towers=true --seeds 1,2,3
 
 A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its own negatives
-(`dssm negatives --KEY VALUE` into WORKDIR/negatives-VARIANT), which it trains on; `--eta` and
-`--ranker-noise` simulate a log with another position bias.
+(`dssm negatives --KEY VALUE` into WORKDIR/negatives-VARIANT), which it trains on
+(`negatives.debias=true` reads the examination curve of `dssm propensity`, run into WORKDIR/propensity);
+`--eta` and `--ranker-noise` simulate a log with another position bias.
 
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
@@ -13,7 +14,9 @@ A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its o
 3. one `dssm evaluate --dev` scores every model on the validation queries (train queries whose clicks
    were held out of training: never the test queries) and the script prints, per variant, the mean
    and standard deviation over seeds of NDCG@1/3/10, and each variant against the first (the mean of
-   the per-seed differences, and a paired t-test over queries on the seed-averaged NDCG).
+   the per-seed differences, and a paired t-test over queries on the seed-averaged NDCG);
+4. with --test, the same models and table on the test queries (PROTOCOL.md §3), once the variants
+   were chosen on the dev split.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--eta", type=float, help="the simulated log's position bias (dssm simulate --eta)")
     p.add_argument("--ranker-noise", type=float, help="the simulated log's ranker noise (dssm simulate --ranker-noise)")
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
+    p.add_argument("--test", action="store_true", help="also score the models on the test queries")
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
@@ -63,6 +67,7 @@ def main() -> None:
     click_model = [a for a in click_model if not a.endswith("=None")]
     dssm("simulate", *judged, "--out", str(layout.simulate), "--impressions", str(args.impressions), *click_model)
     dssm("clean", "--input", str(layout.simulate), "--out", str(layout.clean))
+    dssm("propensity", "--clean", str(layout.clean), "--out", str(layout.propensity))
     dssm("vocab", "--clean", str(layout.clean), "--out", str(layout.vocab))
     dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives))
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -72,7 +77,9 @@ def main() -> None:
         data = [o.removeprefix("negatives.").split("=", 1) for o in overrides if o.startswith("negatives.")]
         if data:
             variant_negatives = layout.workdir / f"negatives-{name}"
-            options = [a for k, v in data for a in (f"--{k.replace('_', '-')}", v)]
+            options = [a for k, v in data for a in negatives_options(k, v)]
+            if ["debias", "true"] in data:
+                options += ["--propensity", str(layout.propensity)]
             dssm("negatives", "--clean", str(layout.clean), "--out", str(variant_negatives), *options)
             overrides = [o for o in overrides if not o.startswith("negatives.")]
             overrides.append(f"data.negatives={variant_negatives}")
@@ -81,13 +88,27 @@ def main() -> None:
             runs.setdefault(name, []).append(out)
             if not (out / "last.pt").exists():
                 dssm("train", "--workdir", str(layout.workdir), *args.train, *overrides, f"seed={seed}", f"out={out}")
-    report = layout.workdir / "ablation-dev"
     models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
-    evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(report), "--baselines", "bm25"]
-    dssm(*evaluate, "--dev", str(layout.negatives), "--no-register", *models)
-    systems = json.loads((report / "report.json").read_text())["systems"]
+    evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", "--no-register", *models]
+    dssm(*evaluate, "--out", str(layout.workdir / "ablation-dev"), "--dev", str(layout.negatives))
+    table(layout.workdir / "ablation-dev", f"dev split ({layout.negatives})", args, runs)
+    if args.test:
+        dssm(*evaluate, "--out", str(layout.workdir / "ablation-test"))
+        table(layout.workdir / "ablation-test", "test split (PROTOCOL.md §3)", args, runs)
 
-    print(f"\ndev split ({layout.negatives}), seeds {args.seeds}; NDCG × 100, mean ± sd over seeds\n")
+
+def negatives_options(key: str, value: str) -> list[str]:
+    """`dssm negatives` options for a `negatives.KEY=VALUE`: a flag for true, nothing for false."""
+    flag = f"--{key.replace('_', '-')}"
+    if value.lower() in ("true", "false"):
+        return [flag] if value.lower() == "true" else []
+    return [flag, value]
+
+
+def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, list[Path]]) -> None:
+    """Print the seed means of every variant in `report` and each variant against the first."""
+    systems = json.loads((report / "report.json").read_text())["systems"]
+    print(f"\n{split}, seeds {args.seeds}; NDCG × 100, mean ± sd over seeds\n")
     print("| variant | overrides | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
     print("|---|---|" + "---|" * len(CUTOFFS))
     bm25 = " | ".join(f"{systems['bm25'][f'ndcg@{k}']:.2f}" for k in CUTOFFS)

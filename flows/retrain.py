@@ -131,7 +131,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         else:
             bar.update(1)
         vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
-        negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force))
+        curve = bias["path"] if bias and cfg.negatives.debias else None
+        negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force, curve))
         logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
         checkpoints = []
         for name, model_overrides in per_model.items():

@@ -182,15 +182,24 @@ def vocab_stage(layout: Layout, clean_dir: str, cfg: VocabConfig, master: str | 
 
 
 def negatives_stage(
-    layout: Layout, clean_dir: str, cfg: NegativesConfig, master: str | None, force: bool
+    layout: Layout,
+    clean_dir: str,
+    cfg: NegativesConfig,
+    master: str | None,
+    force: bool,
+    propensity_dir: str | None = None,
 ) -> StageOutput:
+    """The training rows; `propensity_dir` (the propensity stage's output) is read with `negatives.debias`."""
     from jobs.negatives import negatives
     from jobs.spark import LazySpark
 
     out = layout.negatives
-    return run_data_stage(
-        "negatives", clean_dir, out, lambda: negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force)
-    )
+    curve = Path(propensity_dir) if propensity_dir else None
+
+    def build():
+        return negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force, propensity_dir=curve)
+
+    return run_data_stage("negatives", clean_dir, out, build)
 
 
 def default_nproc() -> int:

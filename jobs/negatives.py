@@ -11,11 +11,22 @@ et al., SIGIR 2005): titles shown above the clicked title in one of its impressi
 there, nor ever clicked for the query. They are the user's own judgement that those titles looked
 worse, harder than random pool titles. Up to round(skip_above * n) of them per row, chosen by a
 hash of (seed, query, positive, title); the random draws fill the rest, in their order.
+
+Position-debiased signals (`debias`, `list_size`; docs/training.md) come from the impressions and
+the examination curve θ(rank) of `dssm propensity`:
+- `debiased_clicks`, Σ 1/θ(rank) over a pair's clicks: the inverse-propensity-weighted click count
+  (Joachims et al., WSDM 2017) behind `loss.pair_weight=ipw|log_ipw`;
+- with `list_size` > 0, one row per query carries the titles shown for it (the `list_size` most
+  examined) and each one's clicks over its expected examinations, clicks / Σ θ(rank) over its
+  showings: the targets of `loss.listwise`.
+θ is raised to `min_propensity` at least, which caps a click's weight at 1/min_propensity. Without
+`debias`, θ = 1: `debiased_clicks` is the click count and the list targets are click-through rates.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +51,9 @@ class NegativesConfig:
     valid_fraction: float = 0.1  # share of queries held out for validation
     shards: int = 8  # train files (the trainer's ranks stream disjoint files)
     skip_above: float = 0.0  # share of each row's negatives taken from titles skipped above the click
+    debias: bool = False  # weigh clicks by 1/θ(rank) of `dssm propensity`'s curve (needs its output)
+    min_propensity: float = 0.05  # θ is raised to this at least: a click weighs 1/0.05 = 20 at most
+    list_size: int = 0  # shown titles per query with listwise targets (0: no lists)
 
 
 def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
@@ -130,26 +144,130 @@ def mix_skipped(rows: DataFrame, skipped: DataFrame, cfg: NegativesConfig) -> Da
     )
 
 
+def examination_curve(propensity_dir: Path | None, min_propensity: float) -> list[float]:
+    """θ(1), θ(2), … from `dssm propensity`'s curve, each at least `min_propensity`; ranks the
+    estimate skipped take the rank above's θ, ranks past the end the last one's. [1.0] without a curve."""
+    if propensity_dir is None:
+        return [1.0]
+    curve = json.loads((Path(propensity_dir) / "propensity.json").read_text())
+    known = dict(zip(curve["ranks"], curve["examination"], strict=True))
+    theta = []
+    for rank in range(1, max(known) + 1):
+        theta.append(known.get(rank, theta[-1] if theta else 1.0))
+    return [max(float(t), min_propensity) for t in theta]
+
+
+def examined_pairs(impressions: DataFrame, theta: list[float]) -> DataFrame:
+    """(query, title, clicks, examinations, debiased_clicks) per title shown for a query: its clicks,
+    Σ θ(rank) over its showings and Σ 1/θ(rank) over its clicks. Integer counts per rank first, then
+    one sum per pair in rank order, so the floating-point sums are the same on every rerun."""
+    curve = F.array(*[F.lit(t) for t in theta])
+    shown = impressions.select("query", F.posexplode(F.arrays_zip("titles", "positions", "clicked")).alias("i", "r"))
+    cells = shown.groupBy("query", F.col("r.titles").alias("title"), F.col("r.positions").alias("rank")).agg(
+        F.count("*").alias("shown"), F.sum(F.col("r.clicked").cast("long")).alias("clicks")
+    )
+    per_pair = cells.groupBy("query", "title").agg(
+        F.sort_array(F.collect_list(F.struct("rank", "shown", "clicks"))).alias("cells"),
+        F.sum("clicks").alias("clicks"),
+    )
+
+    def theta_at(c):
+        return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
+
+    zero = F.lit(0.0).cast("double")
+    return per_pair.select(
+        "query",
+        "title",
+        "clicks",
+        F.aggregate("cells", zero, lambda acc, c: acc + c["shown"] * theta_at(c)).alias("examinations"),
+        F.aggregate("cells", zero, lambda acc, c: acc + c["clicks"] / theta_at(c)).alias("debiased_clicks"),
+    )
+
+
+def listwise_targets(examined: DataFrame, rows: DataFrame, list_size: int) -> DataFrame:
+    """(query, positive, shown, relevance): each query's `list_size` most examined shown titles (ties
+    by title) and their clicks / examinations, on the query's first positive; queries whose list has
+    fewer than 2 titles or no click get none."""
+    entry = F.struct(
+        (-F.col("examinations")).alias("order"), "title", (F.col("clicks") / F.col("examinations")).alias("r")
+    )
+    lists = examined.groupBy("query").agg(F.slice(F.sort_array(F.collect_list(entry)), 1, list_size).alias("l"))
+    lists = lists.select("query", F.col("l.title").alias("shown"), F.col("l.r").alias("relevance")).where(
+        (F.size("shown") >= 2) & (F.aggregate("relevance", F.lit(0.0).cast("double"), lambda a, x: a + x) > 0)
+    )
+    first = rows.groupBy("query").agg(F.min("positive").alias("positive"))
+    return first.join(lists, "query")
+
+
+def add_debiased(rows: DataFrame, impressions: DataFrame | None, cfg: NegativesConfig, theta: list[float]) -> DataFrame:
+    """`rows` with `debiased_clicks`, `shown` and `relevance` (NEGATIVES); without impressions to
+    read (neither `debias` nor lists asked for) the click count and empty lists."""
+    empty_str, empty_float = F.array().cast("array<string>"), F.array().cast("array<double>")
+    if impressions is None:
+        return rows.select(
+            "*",
+            F.col("clicks").cast("double").alias("debiased_clicks"),
+            empty_str.alias("shown"),
+            empty_float.alias("relevance"),
+        )
+    examined = examined_pairs(impressions, theta).persist()
+    weighted = examined.select("query", F.col("title").alias("positive"), "debiased_clicks")
+    rows = rows.join(weighted, ["query", "positive"], "left")
+    if cfg.list_size:
+        rows = rows.join(listwise_targets(examined, rows, cfg.list_size), ["query", "positive"], "left")
+    else:
+        rows = rows.select("*", F.lit(None).alias("shown"), F.lit(None).alias("relevance"))
+    return rows.select(
+        *[c for c in rows.columns if c not in ("debiased_clicks", "shown", "relevance")],
+        F.coalesce("debiased_clicks", F.col("clicks").cast("double")).alias("debiased_clicks"),
+        F.coalesce("shown", empty_str).alias("shown"),
+        F.coalesce("relevance", empty_float).alias("relevance"),
+    )
+
+
 def negatives(
-    spark: SparkSession, clean_dir: Path, out: Path, cfg: NegativesConfig = NegativesConfig(), force: bool = False
+    spark: SparkSession,
+    clean_dir: Path,
+    out: Path,
+    cfg: NegativesConfig = NegativesConfig(),
+    force: bool = False,
+    propensity_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """Write the training rows of `clean_dir` into `out`; `propensity_dir` (a `dssm propensity`
+    output) is read with `cfg.debias` only."""
     upstream = require_manifest(clean_dir, "clean")
     if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1 or not 0 <= cfg.skip_above <= 1:
         raise DssmError("need n >= 0, shards >= 1, 0 <= valid_fraction < 1 and 0 <= skip_above <= 1")
-    if cfg.skip_above and "impressions" not in upstream.get("outputs", {}):
-        raise DssmError(f"skip_above needs the impressions of a `dssm clean` output; {clean_dir} has none")
+    if cfg.list_size < 0 or not 0 < cfg.min_propensity <= 1:
+        raise DssmError("need list_size >= 0 and 0 < min_propensity <= 1")
+    reads_impressions = bool(cfg.skip_above or cfg.debias or cfg.list_size)
+    if reads_impressions and "impressions" not in upstream.get("outputs", {}):
+        raise DssmError(
+            f"skip_above, debias and list_size need the impressions of a `dssm clean` output; {clean_dir} has none"
+        )
     inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
+    upstreams = [upstream]
+    if cfg.debias:
+        if propensity_dir is None:
+            raise DssmError("debias needs the examination curve: pass a `dssm propensity` output (--propensity)")
+        curve = require_manifest(Path(propensity_dir), "propensity")
+        inputs["propensity"] = {"path": str(propensity_dir), "sha256": curve["content_sha256"]}
+        upstreams.append(curve)
+    theta = examination_curve(Path(propensity_dir) if cfg.debias else None, cfg.min_propensity)
 
     def build(tmp: Path) -> dict[str, Any]:
         pairs = spark.read.parquet(str(clean_dir / "pairs"))
         titles = spark.read.parquet(str(clean_dir / "titles"))
         rows = sample_negatives(pairs, titles, cfg)
         counts: dict[str, Any] = {}
+        impressions = spark.read.parquet(str(clean_dir / "impressions")) if reads_impressions else None
         if cfg.skip_above and cfg.n:
-            impressions = spark.read.parquet(str(clean_dir / "impressions"))
             rows = mix_skipped(rows, skipped_above(impressions, pairs), cfg).persist()
             counts["skip_above_negatives"] = rows.agg(F.sum("skip_above")).first()[0] or 0
             rows = rows.drop("skip_above")
+        rows = add_debiased(rows, None if not (cfg.debias or cfg.list_size) else impressions, cfg, theta).persist()
+        if cfg.list_size:
+            counts["listwise_queries"] = rows.where(F.size("shown") > 0).count()
         rows = validation_queries(rows, cfg)
         for split, files in (("train", cfg.shards), ("valid", max(1, cfg.shards // 4))):
             part = rows.where(F.col("valid") == (split == "valid"))
@@ -169,7 +287,7 @@ def negatives(
 
     code = code_fingerprint(__name__)
     with cluster_errors():
-        return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=[upstream])
+        return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=upstreams)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -194,6 +312,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.skip_above,
         help="share of each row's negatives taken from titles shown above the click and skipped (default: %(default)s)",
     )
+    p.add_argument(
+        "--debias",
+        action="store_true",
+        help="weigh clicks by 1/examination of their rank (for loss.pair_weight=ipw|log_ipw and the "
+        "listwise targets); needs --propensity",
+    )
+    p.add_argument("--propensity", type=Path, help="a `dssm propensity` output: the examination curve")
+    p.add_argument(
+        "--min-propensity",
+        type=float,
+        default=d.min_propensity,
+        help="examination is raised to this at least, capping a click's weight (default: %(default)s)",
+    )
+    p.add_argument(
+        "--list-size",
+        type=int,
+        default=d.list_size,
+        help="shown titles per query with listwise targets, for loss.listwise; 0: none (default: %(default)s)",
+    )
     add_spark_options(p)
 
 
@@ -203,6 +340,7 @@ def command(args: argparse.Namespace) -> None:
     from jobs.spark import LazySpark
 
     cfg = from_args(NegativesConfig, args)
-    m = negatives(LazySpark(args.master, "dssm-negatives"), args.clean, args.out, cfg, force=args.force)
+    spark = LazySpark(args.master, "dssm-negatives")
+    m = negatives(spark, args.clean, args.out, cfg, force=args.force, propensity_dir=args.propensity)
     c = m["counts"]
     print(f"{c['train_rows']:,} train rows, {c['valid_rows']:,} validation rows -> {args.out}")

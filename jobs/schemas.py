@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from core.errors import DssmError
 
 _str_list = pa.list_(pa.field("element", pa.string(), nullable=False))
+_float_list = pa.list_(pa.field("element", pa.float64(), nullable=False))
 
 TEST_PAIRS = pa.schema(
     [
@@ -81,6 +82,12 @@ NEGATIVES = pa.schema(
         pa.field("negatives", _str_list, nullable=False),
         pa.field("clicks", pa.int64(), nullable=False),
         pa.field("impressions", pa.int64(), nullable=False),
+        # Σ 1/θ(rank) over the pair's clicks (θ: examination at the click's rank; = clicks without `debias`)
+        pa.field("debiased_clicks", pa.float64(), nullable=False),
+        # On one row per query (its first positive), with `list_size` > 0: the titles shown for the
+        # query, most examined first, and each one's clicks over its expected examinations Σ θ(rank)
+        pa.field("shown", _str_list, nullable=False),
+        pa.field("relevance", _float_list, nullable=False),
     ]
 )
 

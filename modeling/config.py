@@ -54,7 +54,7 @@ class OptimConfig:
 TABLE_UPDATES = ("auto", "rows", "dense")
 
 
-PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr")
+PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr", "ipw", "log_ipw")
 
 
 OBJECTIVES = ("click", "paraphrase")
@@ -69,7 +69,12 @@ class LossConfig:
     margin: float = 0.4  # paraphrase: δ of max(0, δ − cos(s1, s2) + cos(s1, t1))
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = True  # also score every other clicked title of the global batch (all ranks)
-    pair_weight: str = "none"  # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr
+    # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr | ipw | log_ipw (ipw: the
+    # clicks each weighted by 1/examination of its rank, from negatives built with `debias`)
+    pair_weight: str = "none"
+    # λ of (1 − λ)·eq. (5) + λ·listwise: a softmax over the titles shown for a query against its
+    # clicks / expected examinations (needs negatives built with `list_size` > 0; docs/training.md)
+    listwise: float = 0.0
     # Wieting & Gimpel's regularisers, added to the loss: λ_c/2·‖θ‖² over every parameter but the
     # token embedding tables, and λ_w/2·‖W − W_initial‖² pulling those tables toward their values at
     # step 0 (random, or the init_from model's).
@@ -173,6 +178,10 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError(f"data.encode_in must be one of {', '.join(ENCODE_IN)}, not {cfg.data.encode_in!r}")
     if cfg.loss.pair_weight not in PAIR_WEIGHTS:
         raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
+    if not 0 <= cfg.loss.listwise <= 1:
+        raise DssmError("loss.listwise must be in [0, 1]")
+    if cfg.loss.listwise and cfg.loss.objective != "click":
+        raise DssmError("loss.listwise needs loss.objective=click")
     if not 0 <= m.dropout < 1:
         raise DssmError("model.dropout must be in [0, 1)")
     if m.gran_type not in (1, 2, 3, 4, 5):

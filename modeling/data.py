@@ -13,6 +13,7 @@ different ones each epoch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from core.errors import DssmError
 from modeling.config import DataConfig
 from modeling.hashing import TextBatch, Tokenizer
 
-COLUMNS = ["query", "positive", "negatives", "clicks", "impressions"]
+COLUMNS = ["query", "positive", "negatives", "clicks", "impressions", "debiased_clicks", "shown", "relevance"]
 PREFETCH = 2  # batches encoded ahead by the worker process
 
 
@@ -64,7 +65,7 @@ def parquet_file(path: Path) -> pq.ParquetFile:
 
 
 def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple]:
-    """(query, positive, negatives, clicks, impressions) rows, shuffled within blocks."""
+    """Rows of COLUMNS, shuffled within blocks."""
     for record_batch in parquet_file(path).iter_batches(batch_size=block, columns=COLUMNS):
         cols = [record_batch.column(c).to_pylist() for c in COLUMNS]
         for i in rng.permutation(record_batch.num_rows):
@@ -80,8 +81,27 @@ def shard_chunks(
         yield [next(rows) for _ in range(per_shard)]
 
 
+@dataclass
+class ListTargets:
+    """The listwise targets of a batch's rows that carry a list (`loss.listwise`): `rows` (L,) the
+    rows, `docs` their shown titles, list after list, `mask` (L, K) which of K slots hold a title
+    (a prefix of each row) and `targets` (L, K) each list's relevance, normalised to sum 1."""
+
+    rows: Tensor
+    docs: TextBatch
+    mask: Tensor
+    targets: Tensor
+
+    def to(self, device: torch.device | str) -> ListTargets:
+        return ListTargets(self.rows.to(device), self.docs.to(device), self.mask.to(device), self.targets.to(device))
+
+
+Batch = tuple[TextBatch, TextBatch, Tensor, Tensor, ListTargets | None]
+
+
 class ClickBatches:
-    """This rank's local batches: (queries, docs) TextBatches, docs as [clicked, negatives...] per row."""
+    """This rank's local batches: (queries, docs) TextBatches, docs as [clicked, negatives...] per
+    row, row weights, query groups and, with `listwise`, the rows' ListTargets (else None)."""
 
     def __init__(
         self,
@@ -93,6 +113,7 @@ class ClickBatches:
         n_negatives: int,
         seed: int,
         pair_weight: str = "none",
+        listwise: bool = False,
     ):
         self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
         self.files = list(enumerate(files))[rank::world]
@@ -101,11 +122,10 @@ class ClickBatches:
         self.n = n_negatives
         self.seed = seed
         self.pair_weight = pair_weight
+        self.listwise = listwise
         self.rank = rank
 
-    def epoch(
-        self, epoch: int, skip: int = 0, train: bool = True
-    ) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
+    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[Batch]:
         """The epoch's batches after the first `skip` (which are read but not tokenised)."""
         streams = [
             shard_chunks(f, self.per_shard, self.steps_per_epoch, self.cfg.shuffle_buffer, self.seed, epoch, i)
@@ -118,14 +138,14 @@ class ClickBatches:
             rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
             yield self.encode(rows, rng)
 
-    def steps(self, start: int, total: int) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
+    def steps(self, start: int, total: int) -> Iterator[Batch]:
         """The training batches of steps `start` + 1 … `total`, across epochs, read and tokenised
         where `data.encode_in` says: in the training step or ahead in a worker process."""
         if self.cfg.encode_in == "process":
             return in_worker_process(self, start, total)
         return self._steps(start, total)
 
-    def _steps(self, start: int, total: int) -> Iterator[tuple[TextBatch, TextBatch, Tensor, Tensor]]:
+    def _steps(self, start: int, total: int) -> Iterator[Batch]:
         step = start
         while step < total:
             epoch, skip = divmod(step, self.steps_per_epoch)
@@ -135,11 +155,12 @@ class ClickBatches:
                 step += 1
                 yield batch
 
-    def encode(self, rows: list, rng: np.random.Generator | None = None) -> tuple[TextBatch, TextBatch, Tensor, Tensor]:
-        """Query and document batches, each row's loss weight (`loss.pair_weight`) and a group id per
-        row (rows with the same query share one: the paraphrase objective keeps them apart)."""
+    def encode(self, rows: list, rng: np.random.Generator | None = None, lists: bool | None = None) -> Batch:
+        """Query and document batches, each row's loss weight (`loss.pair_weight`), a group id per
+        row (rows with the same query share one: the paraphrase objective keeps them apart) and the
+        rows' ListTargets when `lists` (default: the batches' `listwise`)."""
         docs = []
-        for _, positive, negatives, _, _ in rows:
+        for _, positive, negatives, *_ in rows:
             if len(negatives) != self.n:
                 raise DssmError(f"a row has {len(negatives)} negatives, the manifest says {self.n}")
             docs.append(positive)
@@ -158,6 +179,26 @@ class ClickBatches:
             self.tokenizer.batch(docs, rng, drop, np.repeat(scrambled, 1 + self.n)),
             weights,
             groups,
+            self.list_targets(rows, rng) if (self.listwise if lists is None else lists) else None,
+        )
+
+    def list_targets(self, rows: list, rng: np.random.Generator | None) -> ListTargets | None:
+        """The ListTargets of the rows that carry a list; None when none does."""
+        listed = [(i, r[6], r[7]) for i, r in enumerate(rows) if r[6]]
+        if not listed:
+            return None
+        width = max(len(shown) for _, shown, _ in listed)
+        mask = torch.zeros(len(listed), width, dtype=torch.bool)
+        targets = torch.zeros(len(listed), width)
+        for j, (_, shown, relevance) in enumerate(listed):
+            mask[j, : len(shown)] = True
+            targets[j, : len(shown)] = torch.tensor(relevance) / sum(relevance)
+        titles = [t for _, shown, _ in listed for t in shown]
+        return ListTargets(
+            rows=torch.tensor([i for i, _, _ in listed], dtype=torch.int64),
+            docs=self.tokenizer.batch(titles, rng, self.cfg.word_dropout),
+            mask=mask,
+            targets=targets,
         )
 
 
@@ -185,7 +226,11 @@ def in_worker_process(batches: ClickBatches, start: int, total: int) -> Iterator
 
 def pair_weights(rows: list, kind: str) -> Tensor:
     """Per-row loss weights. The rows are distinct clicked pairs, so `none` counts a pair clicked once
-    like one clicked a hundred times; `clicks` restores the paper's one-example-per-click weighting."""
+    like one clicked a hundred times; `clicks` restores the paper's one-example-per-click weighting;
+    `ipw` weighs each click by 1/examination of its rank (the inverse-propensity-weighted loss)."""
+    if kind in ("ipw", "log_ipw"):
+        debiased = torch.tensor([r[5] for r in rows], dtype=torch.float32)
+        return debiased if kind == "ipw" else torch.log1p(debiased)
     clicks = torch.tensor([r[3] for r in rows], dtype=torch.float32)
     if kind == "clicks":
         return clicks

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modeling.config import LossConfig, ModelConfig
+from modeling.data import ListTargets
 from modeling.encoders import Encoder, build_encoder
 from modeling.hashing import TextBatch
 
@@ -31,11 +32,16 @@ class TwoTower(nn.Module):
     def encode_docs(self, batch: TextBatch) -> Tensor:
         return self.doc_encoder(batch)
 
-    def forward(self, queries: TextBatch, docs: TextBatch) -> tuple[Tensor, Tensor]:
-        """Query vectors (B, dim) and document vectors (B, 1 + n, dim): clicked title first."""
+    def forward(
+        self, queries: TextBatch, docs: TextBatch, listed: TextBatch | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Query vectors (B, dim), document vectors (B, 1 + n, dim) (clicked title first) and the
+        vectors of `listed` (the shown titles of listwise targets; None without them). One forward
+        encodes all, so DDP sees every use of the document tower."""
         q = self.encode_queries(queries)
         d = self.encode_docs(docs)
-        return q, d.view(q.shape[0], -1, d.shape[1])
+        listed_vectors = self.encode_docs(listed) if listed is not None else None
+        return q, d.view(q.shape[0], -1, d.shape[1]), listed_vectors
 
 
 class _GatherRows(torch.autograd.Function):
@@ -85,6 +91,20 @@ def click_loss(
     return (losses * weights).sum() / weights.sum().clamp_min(1e-12)
 
 
+def listwise_loss(q: Tensor, listed: Tensor, mask: Tensor, targets: Tensor, gamma: float) -> Tensor:
+    """Cross-entropy of each list's targets (L, K) against the softmax over γ·cos of its query `q`
+    (L, dim) and its shown titles (`listed`: the vectors of `mask`'s slots, list after list); mean
+    over the lists."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, listed = q.float(), listed.float()
+    q = F.normalize(q, dim=-1, eps=1e-8)
+    slots = listed.new_zeros(*mask.shape, listed.shape[1])
+    slots[mask] = F.normalize(listed, dim=-1, eps=1e-8)
+    scores = (gamma * torch.einsum("lh,lkh->lk", q, slots)).masked_fill(~mask, float("-inf"))
+    log_p = torch.log_softmax(scores, 1).masked_fill(~mask, 0.0)
+    return -(targets * log_p).sum(1).mean()
+
+
 def paraphrase_loss(s1: Tensor, s2: Tensor, groups: Tensor, margin: float) -> Tensor:
     """Wieting & Gimpel 2017, eq. (2), averaged over the batch:
     max(0, δ − cos(s1, s2) + cos(s1, t1)) + max(0, δ − cos(s1, s2) + cos(s2, t2)), where t1 (t2) is
@@ -107,13 +127,26 @@ def paraphrase_loss(s1: Tensor, s2: Tensor, groups: Tensor, margin: float) -> Te
 
 
 def training_loss(
-    q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None, groups: Tensor, across_ranks: bool = False
+    q: Tensor,
+    d: Tensor,
+    cfg: LossConfig,
+    weights: Tensor | None,
+    groups: Tensor,
+    across_ranks: bool = False,
+    lists: ListTargets | None = None,
+    listed: Tensor | None = None,
 ) -> Tensor:
     """The configured objective on a batch: `q` the queries (first sentences), `d` (B, 1 + n, dim)
-    the clicked titles (second sentences) and their negatives."""
+    the clicked titles (second sentences) and their negatives; with `loss.listwise` = λ > 0 and
+    `lists` (the rows' listwise targets, `listed` their titles' vectors), (1 − λ)·eq. (5) +
+    λ·`listwise_loss`. Under DDP each rank averages its own lists."""
     if cfg.objective == "paraphrase":
         return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
-    return click_loss(q, d, cfg, weights, across_ranks)
+    loss = click_loss(q, d, cfg, weights, across_ranks)
+    if cfg.listwise and lists is not None and listed is not None:
+        ranked = listwise_loss(q[lists.rows], listed, lists.mask, lists.targets, cfg.gamma)
+        loss = (1 - cfg.listwise) * loss + cfg.listwise * ranked
+    return loss
 
 
 def embedding_tables(model: nn.Module) -> dict[str, Tensor]:

@@ -150,8 +150,9 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
     size = max(1, cfg.data.batch_size)
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
-        queries, docs, _, groups = batches.encode(chunk)  # unweighted: comparable across pair_weight settings
-        q, d = model(queries.to(device), docs.to(device))
+        # unweighted and without lists: comparable across pair_weight and listwise settings
+        queries, docs, _, groups, _ = batches.encode(chunk, lists=False)
+        q, d, _ = model(queries.to(device), docs.to(device))
         total += float(training_loss(q, d, loss_cfg, None, groups)) * len(chunk)
         count += len(chunk)
     model.train()
@@ -199,6 +200,18 @@ def load_inputs(cfg: TrainConfig) -> Inputs:
     if vocab.clean_sha256 and neg_clean and vocab.clean_sha256 != neg_clean:
         raise DssmError(
             f"{cfg.data.vocab} and {negatives} were built from different `dssm clean` outputs; rebuild one of them"
+        )
+    params = neg_manifest.get("params", {})
+    if cfg.loss.pair_weight in ("ipw", "log_ipw") and not params.get("debias"):
+        raise DssmError(
+            f"loss.pair_weight={cfg.loss.pair_weight} needs negatives built with debias "
+            f"(`dssm negatives --debias --propensity DIR`, or negatives.debias=true in `dssm run`); "
+            f"{negatives} has none"
+        )
+    if cfg.loss.listwise and not params.get("list_size"):
+        raise DssmError(
+            f"loss.listwise needs negatives built with list_size > 0 (`dssm negatives --list-size K`); "
+            f"{negatives} has none"
         )
     code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
     return Inputs(negatives, neg_manifest, vocab, code)
@@ -252,7 +265,9 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     tokenizer = Tokenizer(inputs.vocab, cfg.model.max_words)
     n = int(inputs.negatives_manifest["params"]["n"])
     batches = ClickBatches(
-        train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed, cfg.loss.pair_weight
+        *(train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed),
+        pair_weight=cfg.loss.pair_weight,
+        listwise=cfg.loss.listwise > 0,
     )
     steps_per_epoch = batches.steps_per_epoch
     total = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
@@ -339,13 +354,14 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     window_sent = 0  # rows.sent_bytes at the window's start
     status = "FAILED"
     try:
-        for queries, docs, weights, groups in batches.steps(step, total):
+        for queries, docs, weights, groups, lists in batches.steps(step, total):
             step += 1
             mu = set_momentum(optimizer, step, total, cfg.optim)
+            lists = lists.to(device) if lists is not None else None
             with autocast:
-                q, dv = ddp(queries.to(device), docs.to(device))
+                q, dv, listed = ddp(queries.to(device), docs.to(device), lists.docs if lists is not None else None)
             weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
-            loss = training_loss(q, dv, cfg.loss, weighted, groups, across_ranks=d.world > 1)
+            loss = training_loss(q, dv, cfg.loss, weighted, groups, d.world > 1, lists, listed)
             penalty = regulariser(model, initial, cfg.loss)
             optimizer.zero_grad(set_to_none=True)
             (loss if penalty is None else loss + penalty).backward()

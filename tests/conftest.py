@@ -149,16 +149,23 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
 
     def rows(count: int) -> list[dict]:
         out = []
-        for _ in range(count):
+        for i in range(count):
             product = rng.choice(products)
             others = [p for p in products if p != product]
+            query = f"{rng.choice(attributes)} {product}"  # the draws in the order the golden loss was pinned
+            positive, negatives = title(product), [title(rng.choice(others)) for _ in range(n)]
+            # every third row carries a listwise target list: its titles, the clicked one most relevant
+            shown = [positive, *negatives[: 1 + (i // 3) % 3]] if i % 3 == 0 else []
             out.append(
                 {
-                    "query": f"{rng.choice(attributes)} {product}",
-                    "positive": title(product),
-                    "negatives": [title(rng.choice(others)) for _ in range(n)],
+                    "query": query,
+                    "positive": positive,
+                    "negatives": negatives,
                     "clicks": 1,
                     "impressions": 1,
+                    "debiased_clicks": 1.0 + i % 2,
+                    "shown": shown,
+                    "relevance": [1.0, *[0.1 * k for k in range(len(shown) - 1)]] if shown else [],
                 }
             )
         return out
@@ -175,7 +182,8 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
                     counts.update(t for w in text.split() for t in word_trigrams(w))
             pq.write_table(pa.Table.from_pylist(part, NEGATIVES), neg_dir / split / f"part-{i:05d}.parquet")
     inputs = {"clean": {"path": "tiny", "sha256": clean_sha}}
-    write_manifest(neg_dir, {"stage": "negatives", "inputs": inputs, "params": {"n": n, "shards": shards}})
+    params = {"n": n, "shards": shards, "debias": True, "list_size": 4}
+    write_manifest(neg_dir, {"stage": "negatives", "inputs": inputs, "params": params})
     tokens = sorted(counts, key=lambda t: (-counts[t], t))[:-5]  # leave a few out: they map to <unk>
     (vocab_dir / "trigrams").mkdir(parents=True)
     table = {

@@ -9,10 +9,10 @@ import torch
 
 from core.errors import DssmError
 from modeling.config import LossConfig, ModelConfig, OptimConfig, load_config
-from modeling.data import pair_weights
+from modeling.data import ListTargets, pair_weights
 from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
-from modeling.model import TwoTower, click_loss
+from modeling.model import TwoTower, click_loss, listwise_loss, training_loss
 from modeling.optim import momentum_at, set_momentum
 from modeling.tables import HashingTable, TableRows, momentum_runs
 
@@ -131,7 +131,7 @@ def test_lstm_gradients_match_finite_differences(tokenizer):
     params = tuple(p.detach().clone().requires_grad_() for p in model.parameters())
 
     def loss(*values):
-        q, d = torch.func.functional_call(model, dict(zip(names, values, strict=True)), (queries, docs))
+        q, d, _ = torch.func.functional_call(model, dict(zip(names, values, strict=True)), (queries, docs))
         return click_loss(q, d, LossConfig(gamma=3.0))
 
     assert torch.autograd.gradcheck(loss, params, eps=1e-6, atol=1e-5)
@@ -170,6 +170,31 @@ def test_loss_is_equation_5():
     torch.testing.assert_close(pair_weights(rows, "ctr"), torch.tensor([0.3, 0.5]))
     torch.testing.assert_close(pair_weights(rows, "log_clicks"), torch.log1p(torch.tensor([3.0, 1.0])))
     torch.testing.assert_close(pair_weights(rows, "none"), torch.ones(2))
+    # inverse-propensity weights: the debiased click counts of the rows
+    rows = [("q", "p", [], 3, 10, 7.5, [], []), ("q", "p", [], 1, 2, 1.0, [], [])]
+    torch.testing.assert_close(pair_weights(rows, "ipw"), torch.tensor([7.5, 1.0]))
+    torch.testing.assert_close(pair_weights(rows, "log_ipw"), torch.log1p(torch.tensor([7.5, 1.0])))
+
+
+def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles():
+    q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    d = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 3.0]]])
+    # row 1 carries a list of 3 titles, targets 0.5 / 0.5 / 0
+    listed = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    mask = torch.tensor([[True, True, True]])
+    targets = torch.tensor([[0.5, 0.5, 0.0]])
+    cos = torch.tensor([1.0, 0.0, 1 / math.sqrt(2)])
+    expected = -(targets[0] * torch.log_softmax(10 * cos, 0)).sum()
+    torch.testing.assert_close(listwise_loss(q[1:], listed, mask, targets, 10.0), expected)
+    # padded slots neither score nor count: the same list in a wider mask
+    wide = torch.tensor([[True, True, True, False]])
+    torch.testing.assert_close(listwise_loss(q[1:], listed, wide, torch.tensor([[0.5, 0.5, 0.0, 0.0]]), 10.0), expected)
+    # mixed: (1 - λ) eq. (5) + λ listwise, with λ = 0.25
+    lists = ListTargets(rows=torch.tensor([1]), docs=None, mask=mask, targets=targets)
+    cfg = LossConfig(gamma=10.0, in_batch_negatives=False, listwise=0.25)
+    plain = click_loss(q, d, cfg)
+    mixed = training_loss(q, d, cfg, None, torch.tensor([0, 1]), lists=lists, listed=listed)
+    torch.testing.assert_close(mixed, 0.75 * plain + 0.25 * expected)
 
 
 def test_momentum_schedule_is_the_papers():

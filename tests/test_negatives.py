@@ -1,3 +1,4 @@
+import math
 from collections import defaultdict
 
 import pyarrow.parquet as pq
@@ -127,3 +128,66 @@ def test_skip_above_negatives_were_shown_above_the_click_and_never_clicked(spark
             assert r["negatives"][len(hard) :] == [n for n in rest if n not in hard][: cfg.n - len(hard)]
         taken += len(hard)
     assert taken == manifest["counts"]["skip_above_negatives"] > len(hard_rows) // 2
+
+
+def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark, pipeline, tmp_path):
+    """Σ 1/θ(rank) over each pair's clicks, and per query one list of its most examined shown titles
+    with clicks / Σ θ(rank), recomputed here from the impressions; then a model trains on them."""
+    from jobs.negatives import examination_curve, negatives
+    from jobs.propensity import propensity
+    from modeling.config import load_config
+    from modeling.train import train
+
+    propensity(spark, pipeline["clean"], tmp_path / "propensity")
+    cfg = NegativesConfig(shards=3, debias=True, list_size=5, min_propensity=0.2)
+    with pytest.raises(DssmError, match="debias needs the examination curve"):
+        negatives(spark, pipeline["clean"], tmp_path / "none", cfg)
+    manifest = negatives(spark, pipeline["clean"], tmp_path / "debiased", cfg, propensity_dir=tmp_path / "propensity")
+    theta = examination_curve(tmp_path / "propensity", cfg.min_propensity)
+    assert min(theta) == 0.2 and theta[0] == 1.0 and theta == sorted(theta, reverse=True)
+    cells = defaultdict(lambda: [0, 0])  # (query, title, rank) -> [shown, clicked]
+    for imp in rows(pipeline["clean"] / "impressions"):
+        for title, rank, click in zip(imp["titles"], imp["positions"], imp["clicked"], strict=True):
+            cells[imp["query"], title, rank][0] += 1
+            cells[imp["query"], title, rank][1] += click
+    examinations, debiased, clicks, shown = defaultdict(float), defaultdict(float), defaultdict(int), defaultdict(int)
+    for (query, title, rank), (n, c) in sorted(cells.items()):  # summed in rank order, as the job does
+        t = theta[min(rank, len(theta)) - 1]
+        examinations[query, title] += n * t
+        debiased[query, title] += c / t
+        clicks[query, title] += c
+        shown[query, title] += n
+    out = rows(tmp_path / "debiased" / "train") + rows(tmp_path / "debiased" / "valid")
+    assert len(out) == len(rows(pipeline["clean"] / "pairs"))
+    first = {}
+    for r in out:
+        assert r["debiased_clicks"] == pytest.approx(debiased[r["query"], r["positive"]], rel=1e-9)
+        assert r["debiased_clicks"] >= r["clicks"]  # θ <= 1
+        first[r["query"]] = min(first.get(r["query"], r["positive"]), r["positive"])
+    listed = [r for r in out if r["shown"]]
+    assert len(listed) == manifest["counts"]["listwise_queries"] == len({r["query"] for r in listed}) > 50
+    for r in listed:
+        titles = [t for q, t in examinations if q == r["query"]]
+        titles.sort(key=lambda t: (-examinations[r["query"], t], t))
+        assert r["positive"] == first[r["query"]] and r["shown"] == titles[:5]
+        expected = [clicks[r["query"], t] / examinations[r["query"], t] for t in r["shown"]]
+        assert r["relevance"] == pytest.approx(expected, rel=1e-9)
+    # without debias, θ = 1: the weights are the click counts and the targets click-through rates
+    negatives(spark, pipeline["clean"], tmp_path / "biased", NegativesConfig(shards=3, list_size=5))
+    for r in rows(tmp_path / "biased" / "train"):
+        assert r["debiased_clicks"] == r["clicks"]
+        expected = [clicks[r["query"], t] / shown[r["query"], t] for t in r["shown"]]
+        assert r["relevance"] == pytest.approx(expected, rel=1e-9)
+
+    run = load_config(
+        None,
+        [
+            *("data.batch_size=48", "max_steps=40", "eval_every=20", "log_every=10", "model.ncell=16"),
+            *("loss.pair_weight=log_ipw", "loss.listwise=0.5", f"out={tmp_path / 'run'}"),
+            f"mlflow_uri=sqlite:///{tmp_path}/m.db",
+            f"data.negatives={tmp_path / 'debiased'}",
+            f"data.vocab={pipeline['vocab']}",
+        ],
+    )
+    summary = train(run)
+    assert summary["steps"] == 40 and summary["valid_loss"] < math.log(1 + cfg.n)  # below chance

@@ -206,8 +206,8 @@ def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
     def word_orders(batch):
         return [tuple(x) for x in torch.split(batch.words, batch.lengths.tolist())]
 
-    plain_q, plain_d, _, _ = batches.encode(rows)
-    queries, docs, _, _ = batches.encode(rows, np.random.default_rng(0))
+    plain_q, plain_d, *_ = batches.encode(rows)
+    queries, docs, *_ = batches.encode(rows, np.random.default_rng(0))
     q_moved = [a != b for a, b in zip(word_orders(queries), word_orders(plain_q), strict=True)]
     d_moved = [a != b for a, b in zip(word_orders(docs), word_orders(plain_d), strict=True)]
     assert q_moved == d_moved and 5 < sum(q_moved) < 35  # whole pairs, about half of them

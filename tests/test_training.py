@@ -96,13 +96,14 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     def steps(encode_in: str, start: int = 0) -> list:
         cfg.data.encode_in = encode_in
         tokenizer = Tokenizer(vocab, cfg.model.max_words)  # fresh: word numbering sets a batch's layout
-        batches = ClickBatches(train_files(tiny_data / "negatives"), 0, 1, cfg.data, tokenizer, 4, cfg.seed)
+        files = train_files(tiny_data / "negatives")
+        batches = ClickBatches(files, 0, 1, cfg.data, tokenizer, 4, cfg.seed, "ipw", listwise=True)
         return list(batches.steps(start, 9))  # 6 steps per epoch: across an epoch boundary
 
     def tensors(batch: tuple) -> list:
-        queries, docs, weights, groups = batch
-        texts = [getattr(t, f) for t in (queries, docs) for f in ("ids", "offsets", "words", "lengths")]
-        return [*texts, weights, groups]
+        queries, docs, weights, groups, lists = batch
+        texts = [getattr(t, f) for t in (queries, docs, lists.docs) for f in ("ids", "offsets", "words", "lengths")]
+        return [*texts, weights, groups, lists.rows, lists.mask, lists.targets]
 
     def same(a: list, b: list) -> bool:
         return len(a) == len(b) and all(
@@ -224,6 +225,13 @@ def test_bad_input_gives_a_clear_error_and_no_checkpoint(tiny_data, tmp_path, ca
     fails("part-00002.parquet: not a readable Parquet file", broken)
 
     fails("multiple of the 4 train shards", tiny_data, "data.batch_size=10")
+    plain = tmp_path / "plain"  # negatives built without debias or lists
+    shutil.copytree(tiny_data, plain)
+    manifest = json.loads((plain / "negatives" / "manifest.json").read_text())
+    manifest["params"] |= {"debias": False, "list_size": 0}
+    write_manifest(plain / "negatives", {k: manifest[k] for k in ("stage", "inputs", "params")})
+    fails("loss.pair_weight=ipw needs negatives built with debias", plain, "loss.pair_weight=ipw")
+    fails("loss.listwise needs negatives built with list_size > 0", plain, "loss.listwise=0.5")
     fails("non-finite loss", tiny_data, "optim.lr=1e30", "optim.clip_norm=1e38", "optim.name=adam", "loss.gamma=1e30")
 
     # a NaN after a checkpoint leaves that checkpoint as the last one
