@@ -173,6 +173,19 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "analyze": False,
     }
 
+    # Debiased training: the propensity stage's curve reaches the negatives, which the training run weighs by
+    monkeypatch.undo()
+    debiased = [*args[: 3 + len(TINY_RUN)], "negatives.debias=true", "negatives.list_size=10"]
+    debiased += ["--train", *train, "loss.pair_weight=log_ipw", "loss.listwise=0.5"]
+    assert main(debiased) == 0
+    built = json.loads((work / "negatives" / "manifest.json").read_text())
+    assert built["inputs"]["propensity"]["path"] == str(work / "propensity") and built["counts"]["listwise_queries"]
+    assert {s: k for s, k in skipped_stages().items() if s in ("propensity", "negatives", "train")} == {
+        "propensity": True,
+        "negatives": False,
+        "train": False,
+    }
+
 
 def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, capsys):
     garbage = tmp_path / "garbage.jsonl"
