@@ -50,6 +50,9 @@ class ClickModel:
 
     zipf_exponent: float = 1.0  # popularity of the query at popularity rank r is ∝ r**-s
     ranker_noise: float = 0.35  # std of the Gaussian noise on the ranker's score (relevance in [0, 1])
+    # std of the ranker's persistent error per (query, judged title): wrong the same way on every
+    # impression, so clicks uncorrected for position follow the ranker's mistakes
+    ranker_bias: float = 0.0
     page_size: int = 10  # results shown per impression
     filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
     eta: float = 1.0  # examination probability at rank r is r**-eta
@@ -284,15 +287,31 @@ class _ShardWriter:
                 self.lines += 1
 
 
+def ranker_errors(cat: Catalogue, model: ClickModel, seed: int) -> np.ndarray:
+    """The ranker's persistent score error per (query, judged title), (Q, L): N(0, ranker_bias²),
+    the same in every shard (its own generator, so the other draws do not change with it)."""
+    if model.ranker_bias == 0:
+        return np.zeros(cat.judged.shape)
+    return model.ranker_bias * np.random.default_rng([seed, 0xB1A5]).standard_normal(cat.judged.shape)
+
+
 def _rank_and_click(
-    cat: Catalogue, model: ClickModel, rng: np.random.Generator, query_ids: np.ndarray, click_all: bool = False
+    cat: Catalogue,
+    model: ClickModel,
+    rng: np.random.Generator,
+    query_ids: np.ndarray,
+    click_all: bool = False,
+    errors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Shown title ids (B, page), click flags and dwell times, vectorised over a chunk."""
+    """Shown title ids (B, page), click flags and dwell times, vectorised over a chunk; `errors`:
+    the ranker's persistent error per (query, judged title) (`ranker_errors`)."""
     n = len(query_ids)
     filler = rng.integers(0, len(cat.title_json), (n, model.filler))
     ids = np.concatenate([cat.judged[query_ids], filler], axis=1)
     rel = np.concatenate([cat.relevance[query_ids], np.zeros((n, model.filler))], axis=1)
     score = rel + model.ranker_noise * rng.standard_normal(rel.shape)
+    if errors is not None:
+        score[:, : errors.shape[1]] += errors[query_ids]
     order = np.argsort(-score, axis=1, kind="stable")[:, : model.page_size]
     shown = np.take_along_axis(ids, order, axis=1)
     shown_rel = np.take_along_axis(rel, order, axis=1)
@@ -317,6 +336,7 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
     start_ms, length_ms, day_seed, _ = cfg.span()
     rng = np.random.default_rng([cfg.seed, shard, *day_seed])
     model, dirt = cfg.model, cfg.dirt
+    errors = ranker_errors(cat, model, cfg.seed) if model.ranker_bias else None
     popularity = np.arange(1, len(cat.queries) + 1, dtype=float) ** -model.zipf_exponent
     cdf = np.cumsum(popularity / popularity.sum())
     users = max(1_000, cfg.impressions // 25)
@@ -351,7 +371,7 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
             user_ids = rng.integers(0, users, int(starts.sum()))[np.cumsum(starts) - 1] if n_human else np.zeros(0, int)
             ts = (t0 + (made + np.arange(n_human)) * step_ms + rng.uniform(0, step_ms, n_human)).astype(np.int64)
             query_ids = np.minimum(np.searchsorted(cdf, rng.random(n_human)), len(cdf) - 1)
-            shown, clicked, dwell = _rank_and_click(cat, model, rng, query_ids)
+            shown, clicked, dwell = _rank_and_click(cat, model, rng, query_ids, errors=errors)
             writer.write(
                 ts, user_ids, session_ids, query_ids, shown, clicked, dwell, rng.random(shown.shape) < dirt.dirty_title
             )
@@ -360,7 +380,7 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
                 bot_user = np.full(size, users + rng.integers(0, users))  # ids no human has
                 bot_ts = (ts[0] if n_human else int(t0)) + np.cumsum(rng.uniform(500, 2500, size)).astype(np.int64)
                 bot_queries = rng.integers(0, len(cat.queries), size)
-                shown_b, clicked_b, dwell_b = _rank_and_click(cat, model, rng, bot_queries, click_all=True)
+                shown_b, clicked_b, dwell_b = _rank_and_click(cat, model, rng, bot_queries, True, errors)
                 writer.write(
                     bot_ts,
                     bot_user,
@@ -502,6 +522,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="std of the production ranker's score noise, relevance in [0, 1] (default: %(default)s)",
     )
     g.add_argument(
+        "--ranker-bias",
+        type=float,
+        default=m.ranker_bias,
+        help="std of the ranker's persistent error per (query, title): the same mistakes on every impression "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
         "--day",
         default="",
         metavar="YYYY-MM-DD",
@@ -519,7 +546,7 @@ def command(args: argparse.Namespace) -> None:
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
-    model = replace(ClickModel(), eta=args.eta, ranker_noise=args.ranker_noise)
+    model = replace(ClickModel(), eta=args.eta, ranker_noise=args.ranker_noise, ranker_bias=args.ranker_bias)
     cfg = from_args(SimulationConfig, args, model=model)
     out = args.out / partition_name(cfg.day) if cfg.day else args.out
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:

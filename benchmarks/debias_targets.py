@@ -1,0 +1,91 @@
+"""Do the listwise targets of `dssm negatives` order each query's shown titles like the human grades?
+
+    .venv/bin/python benchmarks/debias_targets.py --workdir bench-work/hd-biased \\
+        --biased negatives-listwise-ctr --debiased negatives-listwise-debiased
+
+Reads two `dssm negatives --list-size K` outputs of one clean log: one built without `--debias`
+(targets = click-through rates) and one with it (clicks / expected examinations). For every query
+with both lists, it ranks the titles both hold three ways, by examination (the list's order:
+the production ranker's average order), by CTR and by the debiased relevance, and scores each
+ranking with NDCG@1/3/10 (PROTOCOL.md §5's definition) against the judged labels of the titles
+(a shown title not judged for the query is one of the simulator's random fillers, of relevance 0:
+it gets the lowest label).
+This measures the targets alone, before any model; the ablation (`homedepot_ablation.py`) measures
+the models trained on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from homedepot_table4 import HOME_DEPOT
+
+from core.judgments import read_judgments
+from core.text import norm
+from evaluation.protocol import CUTOFFS, ndcg, paired_test
+
+
+def lists(negatives: Path) -> dict[str, tuple[list[str], np.ndarray]]:
+    """query -> (shown titles, targets) of every row that carries a list, train and valid."""
+    out = {}
+    for split in ("train", "valid"):
+        for r in pq.read_table(negatives / split, columns=["query", "shown", "relevance"]).to_pylist():
+            if r["shown"]:
+                out[r["query"]] = (r["shown"], np.array(r["relevance"]))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
+    p.add_argument("--workdir", type=Path, default=Path("bench-work/hd-biased"))
+    p.add_argument("--biased", default="negatives-listwise-ctr", help="negatives built without --debias")
+    p.add_argument("--debiased", default="negatives-listwise-debiased", help="negatives built with --debias")
+    args = p.parse_args()
+    if not args.judgments.exists():
+        sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
+
+    grades: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for pair in read_judgments(args.judgments):
+        grades[norm(pair.query), norm(pair.title)].append(pair.label)
+    min_label = min(g for gs in grades.values() for g in gs)
+    biased, debiased = lists(args.workdir / args.biased), lists(args.workdir / args.debiased)
+    scores: dict[str, dict[int, list[float]]] = {s: defaultdict(list) for s in ("ranker", "ctr", "debiased")}
+    used = 0
+    for query, (listed, targets) in sorted(debiased.items()):
+        if query not in biased:
+            continue
+        ctr = dict(zip(biased[query][0], biased[query][1], strict=True))
+        keep = [i for i, t in enumerate(listed) if t in ctr]  # the lists' top K differ a little in their tail
+        titles, relevance = [listed[i] for i in keep], targets[keep]
+        # titles shown but not judged for the query are the simulator's fillers, of relevance 0
+        labels = np.array([np.mean(grades.get((query, t), [min_label])) for t in titles])
+        if labels.max() == labels.min():
+            continue  # every order is ideal
+        used += 1
+        for name, s in (
+            ("ranker", -np.arange(len(titles), dtype=float)),
+            ("ctr", np.array([ctr[t] for t in titles])),
+            ("debiased", relevance),
+        ):
+            for k in CUTOFFS:
+                scores[name][k].append(ndcg(labels, s, k, min_label))
+    print(
+        f"\n{used} queries with both lists and labels that differ among their common titles ({len(debiased)} lists)\n"
+    )
+    print("| titles ordered by | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
+    print("|---|" + "---|" * len(CUTOFFS))
+    for name in scores:
+        print(f"| {name} | " + " | ".join(f"{100 * np.mean(scores[name][k]):.2f}" for k in CUTOFFS) + " |")
+    for k in CUTOFFS:
+        a, b = np.array(scores["debiased"][k]), np.array(scores["ctr"][k])
+        print(f"debiased − ctr NDCG@{k}: {100 * (a.mean() - b.mean()):+.2f} (p={paired_test(a, b):.3g})")
+
+
+if __name__ == "__main__":
+    main()
