@@ -144,3 +144,23 @@ def well_formed(lines: list[str]) -> list[dict]:
         if isinstance(record, dict) and all(isinstance(record.get(f), str) for f in ("impression_id", "ts")):
             records.append(record)
     return records
+
+
+def test_a_biased_ranker_makes_the_same_mistakes_on_every_impression(default_pairs):
+    """`ranker_bias`: a persistent error per (query, judged title), so without per-impression noise
+    a query's judged titles come in the same order every time, and not in order of relevance."""
+    import numpy as np
+
+    from jobs.simulate import ClickModel, _rank_and_click, build_catalogue, ranker_errors, split_judgments
+
+    cat = build_catalogue(split_judgments(default_pairs)[0], seed=13)
+    queries = np.arange(len(cat.queries))
+    model = ClickModel(ranker_noise=0.0, ranker_bias=1.0, filler=0)
+    errors = ranker_errors(cat, model, seed=13)
+    assert np.array_equal(errors, ranker_errors(cat, model, seed=13)) and errors.std() > 0.5
+    first, _, _ = _rank_and_click(cat, model, np.random.default_rng(1), queries, errors=errors)
+    again, _, _ = _rank_and_click(cat, model, np.random.default_rng(2), queries, errors=errors)
+    assert np.array_equal(first, again)
+    fair, _, _ = _rank_and_click(cat, ClickModel(ranker_noise=0.0, filler=0), np.random.default_rng(1), queries)
+    assert (first != fair).any(axis=1).mean() > 0.5  # most queries shown in another order than relevance's
+    assert not ranker_errors(cat, ClickModel(), seed=13).any()
