@@ -340,6 +340,8 @@ def command(args: argparse.Namespace) -> None:
     from jobs.spark import LazySpark
 
     cfg = from_args(NegativesConfig, args)
+    if args.propensity and not cfg.debias:
+        raise DssmError("--propensity is read with --debias only: add --debias, or leave --propensity out")
     spark = LazySpark(args.master, "dssm-negatives")
     m = negatives(spark, args.clean, args.out, cfg, force=args.force, propensity_dir=args.propensity)
     c = m["counts"]
