@@ -58,8 +58,9 @@ def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark
     assert manifest["counts"]["kept"] == read_counts(pipeline["clean"])["kept"]
     with pytest.raises(DssmError, match="no impressions"):
         propensity(spark, out, tmp_path / "propensity")
-    with pytest.raises(DssmError, match="skip_above needs the impressions"):
-        negatives(spark, out, tmp_path / "negatives", NegativesConfig(skip_above=0.5))
+    for needs in (NegativesConfig(skip_above=0.5), NegativesConfig(debias=True), NegativesConfig(list_size=10)):
+        with pytest.raises(DssmError, match="skip_above, debias and list_size need the impressions"):
+            negatives(spark, out, tmp_path / "negatives", needs)
     assert propensity_stage(Layout(tmp_path), str(out), PropensityConfig(), None, False) is None  # the flow goes on
 
 
