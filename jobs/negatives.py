@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.errors import DssmError
+from jobs.propensity import shown_cells
 from jobs.schemas import NEGATIVES
 from jobs.spark import cluster_errors, distinct_count, write_parquet
 
@@ -162,13 +163,13 @@ def examined_pairs(impressions: DataFrame, theta: list[float]) -> DataFrame:
     Σ θ(rank) over its showings and Σ 1/θ(rank) over its clicks. Integer counts per rank first, then
     one sum per pair in rank order, so the floating-point sums are the same on every rerun."""
     curve = F.array(*[F.lit(t) for t in theta])
-    shown = impressions.select("query", F.posexplode(F.arrays_zip("titles", "positions", "clicked")).alias("i", "r"))
-    cells = shown.groupBy("query", F.col("r.titles").alias("title"), F.col("r.positions").alias("rank")).agg(
-        F.count("*").alias("shown"), F.sum(F.col("r.clicked").cast("long")).alias("clicks")
-    )
-    per_pair = cells.groupBy("query", "title").agg(
-        F.sort_array(F.collect_list(F.struct("rank", "shown", "clicks"))).alias("cells"),
-        F.sum("clicks").alias("clicks"),
+    per_pair = (
+        shown_cells(impressions)
+        .groupBy("query", "title")
+        .agg(
+            F.sort_array(F.collect_list(F.struct("rank", "shown", "clicks"))).alias("cells"),
+            F.sum("clicks").alias("clicks"),
+        )
     )
 
     def theta_at(c):
@@ -202,26 +203,20 @@ def listwise_targets(examined: DataFrame, rows: DataFrame, list_size: int) -> Da
 def add_debiased(rows: DataFrame, impressions: DataFrame | None, cfg: NegativesConfig, theta: list[float]) -> DataFrame:
     """`rows` with `debiased_clicks`, `shown` and `relevance` (NEGATIVES); without impressions to
     read (neither `debias` nor lists asked for) the click count and empty lists."""
-    empty_str, empty_float = F.array().cast("array<string>"), F.array().cast("array<double>")
-    if impressions is None:
-        return rows.select(
-            "*",
-            F.col("clicks").cast("double").alias("debiased_clicks"),
-            empty_str.alias("shown"),
-            empty_float.alias("relevance"),
-        )
-    examined = examined_pairs(impressions, theta).persist()
-    weighted = examined.select("query", F.col("title").alias("positive"), "debiased_clicks")
-    rows = rows.join(weighted, ["query", "positive"], "left")
-    if cfg.list_size:
-        rows = rows.join(listwise_targets(examined, rows, cfg.list_size), ["query", "positive"], "left")
-    else:
-        rows = rows.select("*", F.lit(None).alias("shown"), F.lit(None).alias("relevance"))
+    if impressions is not None:
+        examined = examined_pairs(impressions, theta).persist()
+        weighted = examined.select("query", F.col("title").alias("positive"), "debiased_clicks")
+        rows = rows.join(weighted, ["query", "positive"], "left")
+        if cfg.list_size:
+            rows = rows.join(listwise_targets(examined, rows, cfg.list_size), ["query", "positive"], "left")
+    defaults = {
+        "debiased_clicks": F.col("clicks").cast("double"),
+        "shown": F.array().cast("array<string>"),
+        "relevance": F.array().cast("array<double>"),
+    }
     return rows.select(
-        *[c for c in rows.columns if c not in ("debiased_clicks", "shown", "relevance")],
-        F.coalesce("debiased_clicks", F.col("clicks").cast("double")).alias("debiased_clicks"),
-        F.coalesce("shown", empty_str).alias("shown"),
-        F.coalesce("relevance", empty_float).alias("relevance"),
+        *[c for c in rows.columns if c not in defaults],
+        *[(F.coalesce(c, d) if c in rows.columns else d).alias(c) for c, d in defaults.items()],
     )
 
 

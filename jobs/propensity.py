@@ -110,17 +110,21 @@ def estimate(
     }
 
 
-def rank_cells(spark, impressions: Path, max_rank: int) -> tuple[Cells, int]:
-    """The (query, title, rank) cells of `impressions/` and the number of impressions."""
+def shown_cells(impressions):  # DataFrame -> DataFrame (pyspark is imported lazily here)
+    """(query, title, rank, shown, clicks) of `clean/impressions` rows: how often each title was
+    shown at each rank for a query, and clicked there."""
     from pyspark.sql import functions as F
 
-    rows = spark.read.parquet(str(impressions))
-    shown = rows.select("query", F.posexplode(F.arrays_zip("titles", "positions", "clicked")).alias("i", "r")).where(
-        F.col("r.positions") <= max_rank
-    )
-    counted = shown.groupBy("query", F.col("r.titles").alias("title"), F.col("r.positions").alias("rank")).agg(
+    shown = impressions.select("query", F.posexplode(F.arrays_zip("titles", "positions", "clicked")).alias("i", "r"))
+    return shown.groupBy("query", F.col("r.titles").alias("title"), F.col("r.positions").alias("rank")).agg(
         F.count("*").alias("shown"), F.sum(F.col("r.clicked").cast("long")).alias("clicks")
     )
+
+
+def rank_cells(spark, impressions: Path, max_rank: int) -> tuple[Cells, int]:
+    """The (query, title, rank) cells of `impressions/` and the number of impressions."""
+    rows = spark.read.parquet(str(impressions))
+    counted = shown_cells(rows).where(f"rank <= {int(max_rank)}")
     table = counted.orderBy("query", "title", "rank").toArrow()
     import pyarrow.compute as pc
 
