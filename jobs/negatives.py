@@ -17,10 +17,16 @@ the examination curve θ(rank) of `dssm propensity`:
 - `debiased_clicks`, Σ 1/θ(rank) over a pair's clicks: the inverse-propensity-weighted click count
   (Joachims et al., WSDM 2017) behind `loss.pair_weight=ipw|log_ipw`;
 - with `list_size` > 0, one row per query carries the titles shown for it (the `list_size` most
-  examined) and each one's clicks over its expected examinations, clicks / Σ θ(rank) over its
-  showings: the targets of `loss.listwise`.
+  examined) and a relevance target for each, for `loss.listwise`. `list_targets="ratio"`: clicks
+  over expected examinations, clicks / Σ θ(rank) over its showings. `list_targets="map"`: the
+  title's attractiveness γ under the position-based model (a click at rank k has probability
+  θ(k)·γ), its maximum a posteriori estimate from the title's clicks and skips given θ, with a
+  Beta prior worth `prior_clicks` clicks in `prior_clicks + prior_skips` examinations. The prior
+  keeps a title shown a few times at low ranks near the prior mean where the ratio makes one
+  click worth up to 1/min_propensity.
 θ is raised to `min_propensity` at least, which caps a click's weight at 1/min_propensity. Without
-`debias`, θ = 1: `debiased_clicks` is the click count and the list targets are click-through rates.
+`debias`, θ = 1: `debiased_clicks` is the click count and the list targets are click-through rates
+(`map`: smoothed towards the prior mean, (clicks + prior_clicks) / (shown + prior_clicks + prior_skips)).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from core.artifacts import code_fingerprint, publish, require_manifest
@@ -43,6 +49,8 @@ from jobs.spark import cluster_errors, distinct_count, write_parquet
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 6
+BISECTIONS = 50  # halvings of γ's interval (0, 1) in `map_attractiveness`: to 1e-15
+LIST_TARGETS = ("ratio", "map")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class NegativesConfig:
     debias: bool = False  # weigh clicks by 1/θ(rank) of `dssm propensity`'s curve (needs its output)
     min_propensity: float = 0.05  # θ is raised to this at least: a click weighs 1/0.05 = 20 at most
     list_size: int = 0  # shown titles per query with listwise targets (0: no lists)
+    list_targets: str = "ratio"  # the lists' relevance: "ratio" (clicks / examinations) or "map" (PBM's γ)
+    prior_clicks: float = 0.5  # "map"'s Beta prior: as many clicks in ...
+    prior_skips: float = 8.0  # ... prior_clicks + prior_skips examinations (chosen on dev: docs/training.md)
 
 
 def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
@@ -158,10 +169,12 @@ def examination_curve(propensity_dir: Path | None, min_propensity: float) -> lis
     return [max(float(t), min_propensity) for t in theta]
 
 
-def examined_pairs(impressions: DataFrame, theta: list[float]) -> DataFrame:
-    """(query, title, clicks, examinations, debiased_clicks) per title shown for a query: its clicks,
-    Σ θ(rank) over its showings and Σ 1/θ(rank) over its clicks. Integer counts per rank first, then
-    one sum per pair in rank order, so the floating-point sums are the same on every rerun."""
+def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[float, float] | None = None) -> DataFrame:
+    """(query, title, clicks, examinations, debiased_clicks, relevance) per title shown for a query:
+    its clicks, Σ θ(rank) over its showings, Σ 1/θ(rank) over its clicks and its list target:
+    clicks / examinations, or with `prior` = (prior_clicks, prior_skips) `map_attractiveness`.
+    Integer counts per rank first, then one sum per pair in rank order, so the floating-point sums
+    are the same on every rerun."""
     curve = F.array(*[F.lit(t) for t in theta])
     per_pair = (
         shown_cells(impressions)
@@ -176,22 +189,52 @@ def examined_pairs(impressions: DataFrame, theta: list[float]) -> DataFrame:
         return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
 
     zero = F.lit(0.0).cast("double")
+    examinations = F.aggregate("cells", zero, lambda acc, c: acc + c["shown"] * theta_at(c))
+    if prior is None:
+        relevance = F.col("clicks") / examinations
+    else:
+        relevance = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
     return per_pair.select(
         "query",
         "title",
         "clicks",
-        F.aggregate("cells", zero, lambda acc, c: acc + c["shown"] * theta_at(c)).alias("examinations"),
+        examinations.alias("examinations"),
         F.aggregate("cells", zero, lambda acc, c: acc + c["clicks"] / theta_at(c)).alias("debiased_clicks"),
+        relevance.alias("relevance"),
     )
+
+
+def map_attractiveness(cells: Column, clicks: Column, theta_at, prior_clicks: float, prior_skips: float) -> Column:
+    """The γ in (0, 1) that maximises (clicks + a)·log γ + b·log(1 − γ) + Σ skipped·log(1 − θ·γ)
+    over a pair's (rank, shown, clicks) cells, a = prior_clicks and b = prior_skips: the posterior
+    mode of the PBM's attractiveness with a Beta(a + 1, b + 1) prior, the fixed point of Wang et al.'s
+    EM for γ with θ held at the curve. The objective is concave, so the root of its slope is found by
+    bisection: a fixed number of steps, the same on every rerun. With θ = 1 it is
+    (clicks + a) / (shown + a + b)."""
+    zero = F.lit(0.0).cast("double")
+
+    def slope(g: Column) -> Column:
+        skipped = F.aggregate(
+            cells, zero, lambda acc, c: acc + (c["shown"] - c["clicks"]) * theta_at(c) / (1 - theta_at(c) * g)
+        )
+        return (clicks + prior_clicks) / g - prior_skips / (1 - g) - skipped
+
+    def halve(bounds: Column, _: Column) -> Column:
+        lo, mid, hi = bounds["lo"], (bounds["lo"] + bounds["hi"]) / 2, bounds["hi"]
+        return F.when(slope(mid) > 0, F.struct(mid.alias("lo"), hi.alias("hi"))).otherwise(
+            F.struct(lo.alias("lo"), mid.alias("hi"))
+        )
+
+    start = F.struct(zero.alias("lo"), F.lit(1.0).cast("double").alias("hi"))
+    bounds = F.aggregate(F.sequence(F.lit(1), F.lit(BISECTIONS)), start, halve)
+    return (bounds["lo"] + bounds["hi"]) / 2
 
 
 def listwise_targets(examined: DataFrame, rows: DataFrame, list_size: int) -> DataFrame:
     """(query, positive, shown, relevance): each query's `list_size` most examined shown titles (ties
-    by title) and their clicks / examinations, on the query's first positive; queries whose list has
-    fewer than 2 titles or no click get none."""
-    entry = F.struct(
-        (-F.col("examinations")).alias("order"), "title", (F.col("clicks") / F.col("examinations")).alias("r")
-    )
+    by title) and their relevance (`examined_pairs`), on the query's first positive; queries whose
+    list has fewer than 2 titles or no positive target get none."""
+    entry = F.struct((-F.col("examinations")).alias("order"), "title", F.col("relevance").alias("r"))
     lists = examined.groupBy("query").agg(F.slice(F.sort_array(F.collect_list(entry)), 1, list_size).alias("l"))
     lists = lists.select("query", F.col("l.title").alias("shown"), F.col("l.r").alias("relevance")).where(
         (F.size("shown") >= 2) & (F.aggregate("relevance", F.lit(0.0).cast("double"), lambda a, x: a + x) > 0)
@@ -204,7 +247,8 @@ def add_debiased(rows: DataFrame, impressions: DataFrame | None, cfg: NegativesC
     """`rows` with `debiased_clicks`, `shown` and `relevance` (NEGATIVES); without impressions to
     read (neither `debias` nor lists asked for) the click count and empty lists."""
     if impressions is not None:
-        examined = examined_pairs(impressions, theta).persist()
+        prior = (cfg.prior_clicks, cfg.prior_skips) if cfg.list_targets == "map" else None
+        examined = examined_pairs(impressions, theta, prior).persist()
         weighted = examined.select("query", F.col("title").alias("positive"), "debiased_clicks")
         rows = rows.join(weighted, ["query", "positive"], "left")
         if cfg.list_size:
@@ -233,8 +277,10 @@ def negatives(
     upstream = require_manifest(clean_dir, "clean")
     if cfg.n < 0 or cfg.shards < 1 or not 0 <= cfg.valid_fraction < 1 or not 0 <= cfg.skip_above <= 1:
         raise DssmError("need n >= 0, shards >= 1, 0 <= valid_fraction < 1 and 0 <= skip_above <= 1")
-    if cfg.list_size < 0 or not 0 < cfg.min_propensity <= 1:
-        raise DssmError("need list_size >= 0 and 0 < min_propensity <= 1")
+    if cfg.list_size < 0 or not 0 < cfg.min_propensity <= 1 or min(cfg.prior_clicks, cfg.prior_skips) < 0:
+        raise DssmError("need list_size >= 0, 0 < min_propensity <= 1, prior_clicks >= 0 and prior_skips >= 0")
+    if cfg.list_targets not in LIST_TARGETS:
+        raise DssmError(f"list_targets is one of {', '.join(LIST_TARGETS)}, not {cfg.list_targets!r}")
     reads_impressions = bool(cfg.skip_above or cfg.debias or cfg.list_size)
     if reads_impressions and "impressions" not in upstream.get("outputs", {}):
         raise DssmError(
@@ -326,6 +372,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.list_size,
         help="shown titles per query with listwise targets, for loss.listwise; 0: none (default: %(default)s)",
     )
+    p.add_argument(
+        "--list-targets",
+        choices=LIST_TARGETS,
+        default=d.list_targets,
+        help="the lists' relevance: ratio (clicks / expected examinations) or map (the position-based "
+        "model's attractiveness, with a Beta prior) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prior-clicks",
+        type=float,
+        default=d.prior_clicks,
+        help="map's prior: as many clicks in --prior-clicks + --prior-skips examinations (default: %(default)s)",
+    )
+    p.add_argument("--prior-skips", type=float, default=d.prior_skips, help="map's prior (default: %(default)s)")
     add_spark_options(p)
 
 

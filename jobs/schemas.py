@@ -86,6 +86,7 @@ NEGATIVES = pa.schema(
         pa.field("debiased_clicks", pa.float64(), nullable=False),
         # On one row per query (its first positive), with `list_size` > 0: the titles shown for the
         # query, most examined first, and each one's clicks over its expected examinations Σ θ(rank)
+        # (`list_targets=map`: its attractiveness under the position-based model)
         pa.field("shown", _str_list, nullable=False),
         pa.field("relevance", _float_list, nullable=False),
     ]

@@ -130,6 +130,58 @@ def test_skip_above_negatives_were_shown_above_the_click_and_never_clicked(spark
     assert taken == manifest["counts"]["skip_above_negatives"] > len(hard_rows) // 2
 
 
+def em_attractiveness(cells, theta, prior_clicks, prior_skips, iterations=200_000):
+    """γ by EM under the PBM with θ fixed (Wang et al., WSDM 2018, §4.1) from (rank, shown, clicks)
+    cells: a non-click at rank k was unexamined and attractive with probability (1 − θ)γ / (1 − θγ)."""
+    g = 0.5
+    for _ in range(iterations):
+        attractive = prior_clicks
+        for rank, n, c in cells:
+            t = theta[min(rank, len(theta)) - 1]
+            attractive += c + (n - c) * (1 - t) * g / (1 - t * g)
+        moved, g = g, attractive / (sum(n for _, n, _ in cells) + prior_clicks + prior_skips)
+        if abs(moved - g) < 1e-12:
+            return g
+    raise AssertionError("EM did not converge")
+
+
+def test_map_attractiveness_is_the_em_fixed_point(spark):
+    from pyspark.sql import functions as F
+
+    from jobs.negatives import map_attractiveness
+
+    theta = [1.0, 0.25, 0.1, 0.05]
+    pairs = [  # (rank, shown, clicks) cells, rank 9 beyond the curve takes its last θ
+        [(1, 10, 3), (3, 20, 1)],
+        [(4, 100, 0)],  # never clicked, rarely examined: near the prior mean 0.5 / 8.5
+        [(1, 100, 0)],  # never clicked where always examined: far below it
+        [(1, 5, 5)],
+        [(2, 3, 1), (9, 40, 2)],
+    ]
+    df = spark.createDataFrame(
+        [(i, cells, sum(c for _, _, c in cells)) for i, cells in enumerate(pairs)],
+        "i int, cells array<struct<rank:int,shown:long,clicks:long>>, clicks long",
+    )
+    curve = F.array(*[F.lit(t) for t in theta])
+
+    def theta_at(c):
+        return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
+
+    def modes(theta_at, prior):
+        g = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
+        return [r["g"] for r in df.select("i", g.alias("g")).orderBy("i").collect()]
+
+    for prior in ((2.0, 1.0), (0.5, 8.0)):
+        got = modes(theta_at, prior)
+        assert got == pytest.approx([em_attractiveness(cells, theta, *prior) for cells in pairs], abs=1e-9)
+    # unclicked titles, which click-through rates tie at 0: the rarely examined one stays nearer the
+    # prior mean than the one skipped at rank 1 a hundred times
+    assert got[2] < 0.01 < got[1] < 0.5 / 8.5
+    # with θ = 1 the mode is the smoothed click-through rate
+    expected = [(sum(c for *_, c in cells) + 0.5) / (sum(n for _, n, _ in cells) + 8.5) for cells in pairs]
+    assert modes(lambda c: F.lit(1.0), (0.5, 8.0)) == pytest.approx(expected, abs=1e-9)
+
+
 def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark, pipeline, tmp_path):
     """Σ 1/θ(rank) over each pair's clicks, and per query one list of its most examined shown titles
     with clicks / Σ θ(rank), recomputed here from the impressions; then a model trains on them."""
@@ -164,12 +216,13 @@ def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark
         assert r["debiased_clicks"] == pytest.approx(debiased[r["query"], r["positive"]], rel=1e-9)
         assert r["debiased_clicks"] >= r["clicks"]  # θ <= 1
         first[r["query"]] = min(first.get(r["query"], r["positive"]), r["positive"])
-    listed = [r for r in out if r["shown"]]
+    listed, titles_listed = [r for r in out if r["shown"]], {}
     assert len(listed) == manifest["counts"]["listwise_queries"] == len({r["query"] for r in listed}) > 50
     for r in listed:
         titles = [t for q, t in examinations if q == r["query"]]
         titles.sort(key=lambda t: (-examinations[r["query"], t], t))
         assert r["positive"] == first[r["query"]] and r["shown"] == titles[:5]
+        titles_listed[r["query"]] = r["shown"]
         expected = [clicks[r["query"], t] / examinations[r["query"], t] for t in r["shown"]]
         assert r["relevance"] == pytest.approx(expected, rel=1e-9)
     # without debias, θ = 1: the weights are the click counts and the targets click-through rates
@@ -178,6 +231,17 @@ def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark
         assert r["debiased_clicks"] == r["clicks"]
         expected = [clicks[r["query"], t] / shown[r["query"], t] for t in r["shown"]]
         assert r["relevance"] == pytest.approx(expected, rel=1e-9)
+
+    # the PBM's attractiveness as targets: the fixed point of EM for each γ with θ held at the curve
+    prior = (0.5, 8.0)
+    cfg_map = NegativesConfig(shards=3, debias=True, list_size=5, min_propensity=0.2, list_targets="map")
+    negatives(spark, pipeline["clean"], tmp_path / "map", cfg_map, propensity_dir=tmp_path / "propensity")
+    for r in rows(tmp_path / "map" / "train") + rows(tmp_path / "map" / "valid"):
+        if r["shown"]:
+            assert r["shown"] == titles_listed[r["query"]]
+            pair_cells = [[(rank, *cells[r["query"], t, rank]) for rank in range(1, 30)] for t in r["shown"]]
+            expected = [em_attractiveness([c for c in pc if c[1]], theta, *prior) for pc in pair_cells]
+            assert r["relevance"] == pytest.approx(expected, abs=1e-6)
 
     run = load_config(
         None,
