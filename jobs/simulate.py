@@ -295,6 +295,11 @@ def ranker_errors(cat: Catalogue, model: ClickModel, seed: int) -> np.ndarray:
     return model.ranker_bias * np.random.default_rng([seed, 0xB1A5]).standard_normal(cat.judged.shape)
 
 
+def attractiveness(grade: np.ndarray, model: ClickModel) -> np.ndarray:
+    """Click probability of an examined title of `grade` (its label scaled to [0, 1])."""
+    return model.attract_min + (model.attract_max - model.attract_min) * (4.0**grade - 1.0) / 3.0
+
+
 def _rank_and_click(
     cat: Catalogue,
     model: ClickModel,
@@ -319,7 +324,7 @@ def _rank_and_click(
     shown[~present] = -1
     # Absent slots sort last (score -inf), so every row's shown titles are a prefix.
     grade = np.clip(shown_rel, 0.0, 1.0)
-    attract = model.attract_min + (model.attract_max - model.attract_min) * (4.0**grade - 1.0) / 3.0
+    attract = attractiveness(grade, model)
     examine = np.arange(1, shown.shape[1] + 1, dtype=float) ** -model.eta
     clicked = present & (click_all | (rng.random(shown.shape) < examine * attract))
     median = model.dwell_base_ms + model.dwell_gain_ms * grade

@@ -1,0 +1,79 @@
+"""The most listwise targets could give: a `dssm negatives --list-size K` output whose targets are
+the simulator's own attractiveness of each shown title, computed from the human grades.
+
+    .venv/bin/python benchmarks/oracle_lists.py --negatives bench-work/hd-ranker/negatives-listwise-map-debiased \\
+        --out bench-work/hd-ranker/negatives-oracle
+    .venv/bin/python benchmarks/homedepot_ablation.py --workdir bench-work/hd-ranker --eta 2 --ranker-bias 0.5 \\
+        --seeds 1,2 --variant 'clicks=' \\
+        --variant 'oracle=data.negatives=bench-work/hd-ranker/negatives-oracle;loss.listwise=0.5'
+
+Every row stays as it is but `relevance`: each listed title gets the click probability of an
+examined title under `dssm simulate`'s click model (ClickModel's attract_min + (attract_max −
+attract_min)·(4^grade − 1)/3, grade = the judged label scaled to [0, 1]; the simulator's random
+fillers, unjudged for the query, get grade 0). No estimate from clicks can do better, so a model
+trained on these lists bounds what debiasing the list targets can gain on that log.
+The output gets its own manifest (params.list_targets = "oracle"), so training accepts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from homedepot_table4 import HOME_DEPOT
+
+from core.artifacts import read_manifest, require_manifest, write_manifest
+from core.judgments import read_judgments
+from core.text import norm
+from jobs.simulate import ClickModel, attractiveness
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--judgments", type=Path, default=HOME_DEPOT, help="the judged set the log was simulated from")
+    p.add_argument("--negatives", type=Path, required=True, help="a `dssm negatives --list-size K` output")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    if not args.judgments.exists():
+        sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
+    manifest = require_manifest(args.negatives, "negatives")
+    if not manifest["params"].get("list_size"):
+        sys.exit(f"{args.negatives} has no lists: build it with `dssm negatives --list-size K`")
+
+    grades: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for pair in read_judgments(args.judgments):
+        grades[norm(pair.query), norm(pair.title)].append(pair.label)
+    low, high = min(min(g) for g in grades.values()), max(max(g) for g in grades.values())
+    model = ClickModel()
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(args.negatives, tmp)
+    judged = unjudged = 0
+    for path in sorted(tmp.glob("*/*.parquet")):
+        table = pq.read_table(path)
+        targets = []
+        for query, shown in zip(table["query"].to_pylist(), table["shown"].to_pylist(), strict=True):
+            labels = [grades.get((query, title)) for title in shown]
+            judged += sum(g is not None for g in labels)
+            unjudged += sum(g is None for g in labels)
+            grade = np.array([0.0 if g is None else (np.mean(g) - low) / (high - low) for g in labels])
+            targets.append(attractiveness(grade, model).tolist())
+        field = table.schema.field("relevance")
+        table = table.set_column(table.schema.get_field_index("relevance"), field, pa.array(targets, field.type))
+        pq.write_table(table, path)
+    upstream = read_manifest(tmp) or {}
+    write_manifest(tmp, {**upstream, "params": {**upstream["params"], "list_targets": "oracle"}})
+    tmp.rename(args.out)
+    print(f"{judged:,} listed titles judged for their query, {unjudged:,} not (fillers, grade 0) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
