@@ -247,7 +247,7 @@ def add_debiased(rows: DataFrame, impressions: DataFrame | None, cfg: NegativesC
     """`rows` with `debiased_clicks`, `shown` and `relevance` (NEGATIVES); without impressions to
     read (neither `debias` nor lists asked for) the click count and empty lists."""
     if impressions is not None:
-        prior = (cfg.prior_clicks, cfg.prior_skips) if cfg.list_targets == "map" else None
+        prior = (cfg.prior_clicks, cfg.prior_skips) if cfg.list_targets == "map" and cfg.list_size else None
         examined = examined_pairs(impressions, theta, prior).persist()
         weighted = examined.select("query", F.col("title").alias("positive"), "debiased_clicks")
         rows = rows.join(weighted, ["query", "positive"], "left")

@@ -151,12 +151,12 @@ def test_map_attractiveness_is_the_em_fixed_point(spark):
     from jobs.negatives import map_attractiveness
 
     theta = [1.0, 0.25, 0.1, 0.05]
-    pairs = [  # (rank, shown, clicks) cells, rank 9 beyond the curve takes its last θ
+    pairs = [  # (rank, shown, clicks) cells
         [(1, 10, 3), (3, 20, 1)],
         [(4, 100, 0)],  # never clicked, rarely examined: near the prior mean 0.5 / 8.5
         [(1, 100, 0)],  # never clicked where always examined: far below it
         [(1, 5, 5)],
-        [(2, 3, 1), (9, 40, 2)],
+        [(2, 3, 1), (9, 40, 2)],  # rank 9, beyond the curve, takes its last θ
     ]
     df = spark.createDataFrame(
         [(i, cells, sum(c for _, _, c in cells)) for i, cells in enumerate(pairs)],
@@ -234,13 +234,16 @@ def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark
 
     # the PBM's attractiveness as targets: the fixed point of EM for each γ with θ held at the curve
     prior = (0.5, 8.0)
+    by_pair = defaultdict(list)  # (query, title) -> its (rank, shown, clicks) cells in rank order
+    for (query, title, rank), (n, c) in sorted(cells.items()):
+        by_pair[query, title].append((rank, n, c))
     cfg_map = NegativesConfig(shards=3, debias=True, list_size=5, min_propensity=0.2, list_targets="map")
     negatives(spark, pipeline["clean"], tmp_path / "map", cfg_map, propensity_dir=tmp_path / "propensity")
     for r in rows(tmp_path / "map" / "train") + rows(tmp_path / "map" / "valid"):
         if r["shown"]:
             assert r["shown"] == titles_listed[r["query"]]
-            pair_cells = [[(rank, *cells[r["query"], t, rank]) for rank in range(1, 30)] for t in r["shown"]]
-            expected = [em_attractiveness([c for c in pc if c[1]], theta, *prior) for pc in pair_cells]
+            pair_cells = [by_pair[r["query"], title] for title in r["shown"]]
+            expected = [em_attractiveness(pc, theta, *prior) for pc in pair_cells]
             assert r["relevance"] == pytest.approx(expected, abs=1e-6)
 
     run = load_config(
