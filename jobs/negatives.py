@@ -189,19 +189,19 @@ def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[floa
         return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
 
     zero = F.lit(0.0).cast("double")
-    examinations = F.aggregate("cells", zero, lambda acc, c: acc + c["shown"] * theta_at(c))
-    if prior is None:
-        relevance = F.col("clicks") / examinations
-    else:
-        relevance = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
-    return per_pair.select(
+    examined = per_pair.select(
         "query",
         "title",
         "clicks",
-        examinations.alias("examinations"),
+        "cells",
+        F.aggregate("cells", zero, lambda acc, c: acc + c["shown"] * theta_at(c)).alias("examinations"),
         F.aggregate("cells", zero, lambda acc, c: acc + c["clicks"] / theta_at(c)).alias("debiased_clicks"),
-        relevance.alias("relevance"),
     )
+    if prior is None:
+        relevance = F.col("clicks") / F.col("examinations")
+    else:
+        relevance = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
+    return examined.select("query", "title", "clicks", "examinations", "debiased_clicks", relevance.alias("relevance"))
 
 
 def map_attractiveness(cells: Column, clicks: Column, theta_at, prior_clicks: float, prior_skips: float) -> Column:
