@@ -53,6 +53,9 @@ class ClickModel:
     # std of the ranker's persistent error per (query, judged title): wrong the same way on every
     # impression, so clicks uncorrected for position follow the ranker's mistakes
     ranker_bias: float = 0.0
+    # added to the ranker's score of every title of a promoted brand (`promoted_brand`): a systematic
+    # error that follows a title feature, so a model learning from uncorrected clicks carries it to new queries
+    promotion: float = 0.0
     page_size: int = 10  # results shown per impression
     filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
     eta: float = 1.0  # examination probability at rank r is r**-eta
@@ -130,6 +133,14 @@ class Catalogue:
     titles: list[str]
     judged: np.ndarray  # (Q, L) title ids, -1 padded
     relevance: np.ndarray  # (Q, L) in [0, 1], -inf padded
+    promoted: np.ndarray  # per title: whether its brand is promoted (`promoted_brand`)
+
+
+def promoted_brand(title: str) -> bool:
+    """Whether the ranker's `promotion` applies to `title`: its first word (the brand, in most product
+    titles) hashes into a quarter of all first words, independently of any label."""
+    words = norm(title).split()
+    return bool(words) and hashlib.md5(words[0].encode("utf-8")).digest()[0] % 4 == 0
 
 
 def _doc_id(title: str) -> str:
@@ -191,6 +202,7 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int) -> Catalogue:
         titles=titles,
         judged=judged,
         relevance=relevance,
+        promoted=np.array([promoted_brand(t) for t in titles]),
     )
 
 
@@ -317,6 +329,8 @@ def _rank_and_click(
     score = rel + model.ranker_noise * rng.standard_normal(rel.shape)
     if errors is not None:
         score[:, : errors.shape[1]] += errors[query_ids]
+    if model.promotion:
+        score += model.promotion * cat.promoted[ids]  # padding (-1) keeps its -inf score
     order = np.argsort(-score, axis=1, kind="stable")[:, : model.page_size]
     shown = np.take_along_axis(ids, order, axis=1)
     shown_rel = np.take_along_axis(rel, order, axis=1)
@@ -534,6 +548,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     g.add_argument(
+        "--promotion",
+        type=float,
+        default=m.promotion,
+        help="added to the ranker's score of titles of promoted brands (a quarter of the first words): a "
+        "systematic ranker error (default: %(default)s)",
+    )
+    g.add_argument(
         "--day",
         default="",
         metavar="YYYY-MM-DD",
@@ -551,7 +572,13 @@ def command(args: argparse.Namespace) -> None:
     from jobs.catalogue import DEFAULT_CATALOGUE
 
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
-    model = replace(ClickModel(), eta=args.eta, ranker_noise=args.ranker_noise, ranker_bias=args.ranker_bias)
+    model = replace(
+        ClickModel(),
+        eta=args.eta,
+        ranker_noise=args.ranker_noise,
+        ranker_bias=args.ranker_bias,
+        promotion=args.promotion,
+    )
     cfg = from_args(SimulationConfig, args, model=model)
     out = args.out / partition_name(cfg.day) if cfg.day else args.out
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:

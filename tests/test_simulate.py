@@ -164,3 +164,26 @@ def test_a_biased_ranker_makes_the_same_mistakes_on_every_impression(default_pai
     fair, _, _ = _rank_and_click(cat, ClickModel(ranker_noise=0.0, filler=0), np.random.default_rng(1), queries)
     assert (first != fair).any(axis=1).mean() > 0.5  # most queries shown in another order than relevance's
     assert not ranker_errors(cat, ClickModel(), seed=13).any()
+
+
+def test_a_promoting_ranker_puts_promoted_brands_first_for_every_query(default_pairs):
+    """`promotion`: the ranker's error follows a title feature (its brand), the same for every query,
+    so a model trained on uncorrected clicks would learn it as relevance."""
+    import numpy as np
+
+    from jobs.simulate import ClickModel, _rank_and_click, build_catalogue, promoted_brand, split_judgments
+
+    cat = build_catalogue(split_judgments(default_pairs)[0], seed=13)
+    assert 0.1 < cat.promoted.mean() < 0.4  # about a quarter of the brands
+    assert promoted_brand("Acme 2 in. hinge") == promoted_brand("ACME  brass hinge") and not promoted_brand("  ")
+    queries = np.arange(len(cat.queries))
+    # a promotion above the whole relevance range: every promoted title ranks above every other one
+    shown, _, _ = _rank_and_click(
+        cat, ClickModel(ranker_noise=0.0, promotion=2.0, filler=0), np.random.default_rng(1), queries
+    )
+    promoted = np.where(shown >= 0, cat.promoted[shown], False)
+    mixed = promoted.any(axis=1) & ((shown >= 0) & ~promoted).any(axis=1)
+    assert mixed.sum() > 50  # queries where the promotion changes the order
+    assert (np.diff(promoted.astype(int), axis=1) <= 0).all()  # no promoted title below an unpromoted one
+    fair, _, _ = _rank_and_click(cat, ClickModel(ranker_noise=0.0, filler=0), np.random.default_rng(1), queries)
+    assert (fair != shown).any(axis=1).mean() > 0.2
