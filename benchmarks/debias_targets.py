@@ -30,6 +30,14 @@ from core.text import norm
 from evaluation.protocol import CUTOFFS, ndcg, paired_test
 
 
+def mean_labels(judgments: Path) -> dict[tuple[str, str], float]:
+    """The mean label of every judged (query, title), both normalised as the clean log has them."""
+    labels: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for pair in read_judgments(judgments):
+        labels[norm(pair.query), norm(pair.title)].append(pair.label)
+    return {pair: float(np.mean(values)) for pair, values in labels.items()}
+
+
 def lists(negatives: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     """query -> (shown titles, targets) of every row that carries a list, train and valid."""
     out = {}
@@ -50,10 +58,8 @@ def main() -> None:
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
 
-    grades: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for pair in read_judgments(args.judgments):
-        grades[norm(pair.query), norm(pair.title)].append(pair.label)
-    min_label = min(g for gs in grades.values() for g in gs)
+    grades = mean_labels(args.judgments)
+    min_label = min(grades.values())
     biased, debiased = lists(args.workdir / args.biased), lists(args.workdir / args.debiased)
     scores: dict[str, dict[int, list[float]]] = {s: defaultdict(list) for s in ("ranker", "ctr", "debiased")}
     used = 0
@@ -64,7 +70,7 @@ def main() -> None:
         keep = [i for i, t in enumerate(listed) if t in ctr]  # the lists' top K differ a little in their tail
         titles, relevance = [listed[i] for i in keep], targets[keep]
         # titles shown but not judged for the query are the simulator's fillers, of relevance 0
-        labels = np.array([np.mean(grades.get((query, t), [min_label])) for t in titles])
+        labels = np.array([grades.get((query, t), min_label) for t in titles])
         if labels.max() == labels.min():
             continue  # every order is ideal
         used += 1

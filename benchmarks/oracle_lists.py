@@ -20,17 +20,15 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from debias_targets import mean_labels
 from homedepot_table4 import HOME_DEPOT
 
 from core.artifacts import read_manifest, require_manifest, write_manifest
-from core.judgments import read_judgments
-from core.text import norm
 from jobs.simulate import ClickModel, attractiveness
 
 
@@ -46,10 +44,8 @@ def main() -> None:
     if not manifest["params"].get("list_size"):
         sys.exit(f"{args.negatives} has no lists: build it with `dssm negatives --list-size K`")
 
-    grades: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for pair in read_judgments(args.judgments):
-        grades[norm(pair.query), norm(pair.title)].append(pair.label)
-    low, high = min(min(g) for g in grades.values()), max(max(g) for g in grades.values())
+    grades = mean_labels(args.judgments)
+    low, high = min(grades.values()), max(grades.values())
     model = ClickModel()
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -64,7 +60,7 @@ def main() -> None:
             labels = [grades.get((query, title)) for title in shown]
             judged += sum(g is not None for g in labels)
             unjudged += sum(g is None for g in labels)
-            grade = np.array([0.0 if g is None else (np.mean(g) - low) / (high - low) for g in labels])
+            grade = np.array([0.0 if g is None else (g - low) / (high - low) for g in labels])
             targets.append(attractiveness(grade, model).tolist())
         field = table.schema.field("relevance")
         table = table.set_column(table.schema.get_field_index("relevance"), field, pa.array(targets, field.type))
