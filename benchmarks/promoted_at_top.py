@@ -1,0 +1,97 @@
+"""Did a model learn the production ranker's promotion (`dssm simulate --promotion`) as relevance?
+
+    .venv/bin/python benchmarks/promoted_at_top.py --report bench-work/hd-promo1/ablation-dev \
+        --negatives bench-work/hd-promo1/negatives-listwise-map-debiased
+
+Reads the TREC run files and qrels of a `dssm evaluate` report (`runs/*.run`, `qrels.txt`; a
+docno is the pair's row in the judged file) and, over the queries whose judged titles include
+both promoted and unpromoted brands (`jobs.simulate.promoted_brand`), prints per system the share
+whose first-ranked title is promoted, and the same share for the human grades (ties among the
+top-graded titles counted at their promoted fraction). Promotion is independent of the labels, so
+a system well above the grades' share ranks promoted brands up for being promoted.
+
+With `--negatives DIR` (a `dssm negatives --list-size K` output; repeatable), it also prints the mean
+error of the list targets of the training queries' judged titles against the simulator's true
+attractiveness (`jobs.simulate.attractiveness` of the mean label), for promoted and unpromoted
+brands apart: unbiased targets have the same error for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from debias_targets import mean_labels
+from homedepot_table4 import HOME_DEPOT
+
+from core.judgments import read_judgments
+from jobs.simulate import ClickModel, attractiveness, promoted_brand
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--judgments", type=Path, default=HOME_DEPOT, help="the judged set the report scored")
+    p.add_argument("--report", type=Path, required=True, help="a `dssm evaluate --out` directory")
+    p.add_argument("--negatives", type=Path, action="append", default=[], help="a negatives output with lists")
+    args = p.parse_args()
+    if not args.judgments.exists():
+        sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
+    titles = [pair.title for pair in read_judgments(args.judgments)]
+
+    labels: dict[str, dict[int, float]] = defaultdict(dict)
+    for line in (args.report / "qrels.txt").read_text().splitlines():
+        qid, _, row, label = line.split()
+        labels[qid][int(row)] = float(label)
+    promoted = {row: promoted_brand(titles[row]) for rows in labels.values() for row in rows}
+    mixed = {q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows)}
+
+    shares = {"grades": np.mean([grades_share(labels[q], promoted) for q in sorted(mixed)])}
+    for run in sorted((args.report / "runs").glob("*.run")):
+        top: dict[str, int] = {}
+        for line in run.read_text().splitlines():
+            qid, _, row, rank, _, _ = line.split()
+            if rank == "1" and qid in mixed:
+                top[qid] = int(row)
+        shares[run.stem] = np.mean([promoted[row] for row in top.values()])
+    print(f"\n{len(mixed)} of {len(labels)} queries judge both promoted and unpromoted brands\n")
+    print("| ranked by | promoted title first |\n|---|---|")
+    for name, share in shares.items():
+        print(f"| {name} | {100 * share:.1f}% |")
+    if args.negatives:
+        print("\n| list targets | promoted: titles, mean error | unpromoted: titles, mean error | difference |")
+        print("|---|---|---|---|")
+    for negatives in args.negatives:
+        errors = target_errors(negatives, mean_labels(args.judgments))
+        promo, other = errors[True], errors[False]
+        print(
+            f"| {negatives.name} | {len(promo):,}, {np.mean(promo):+.4f} | {len(other):,}, {np.mean(other):+.4f} "
+            f"| {np.mean(promo) - np.mean(other):+.4f} |"
+        )
+
+
+def target_errors(negatives: Path, labels: dict[tuple[str, str], float]) -> dict[bool, list[float]]:
+    """List target − true attractiveness of every judged listed title of the training split, by promotion."""
+    low, high = min(labels.values()), max(labels.values())
+    errors: dict[bool, list[float]] = {True: [], False: []}
+    for path in sorted((negatives / "train").glob("*.parquet")):
+        table = pq.read_table(path, columns=["query", "shown", "relevance"])
+        for query, shown, targets in zip(*(table[c].to_pylist() for c in table.column_names), strict=True):
+            for title, target in zip(shown or [], targets or [], strict=True):
+                if (query, title) in labels:
+                    truth = attractiveness(np.float64((labels[query, title] - low) / (high - low)), ClickModel())
+                    errors[promoted_brand(title)].append(target - float(truth))
+    return errors
+
+
+def grades_share(labels: dict[int, float], promoted: dict[int, bool]) -> float:
+    """The promoted fraction of a query's top-graded titles: its share at the top when ties break at random."""
+    best = max(labels.values())
+    return float(np.mean([promoted[row] for row, label in labels.items() if label == best]))
+
+
+if __name__ == "__main__":
+    main()
