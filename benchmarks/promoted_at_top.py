@@ -64,8 +64,9 @@ def main() -> None:
     if args.negatives:
         print("\n| list targets | promoted: titles, mean error | unpromoted: titles, mean error | difference |")
         print("|---|---|---|---|")
+    judged = mean_labels(args.judgments) if args.negatives else {}
     for negatives in args.negatives:
-        errors = target_errors(negatives, mean_labels(args.judgments))
+        errors = target_errors(negatives, judged)
         promo, other = errors[True], errors[False]
         print(
             f"| {negatives.name} | {len(promo):,}, {np.mean(promo):+.4f} | {len(other):,}, {np.mean(other):+.4f} "
