@@ -19,21 +19,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 from homedepot_table4 import HOME_DEPOT
 
-from core.judgments import read_judgments
+from core.judgments import JudgedPair, read_judgments
 from core.text import norm
 from evaluation.protocol import CUTOFFS, ndcg, paired_test
 
 
-def mean_labels(judgments: Path) -> dict[tuple[str, str], float]:
+def mean_labels(pairs: Iterable[JudgedPair]) -> dict[tuple[str, str], float]:
     """The mean label of every judged (query, title), both normalised as the clean log has them."""
     labels: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for pair in read_judgments(judgments):
+    for pair in pairs:
         labels[norm(pair.query), norm(pair.title)].append(pair.label)
     return {pair: float(np.mean(values)) for pair, values in labels.items()}
 
@@ -58,7 +59,7 @@ def main() -> None:
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
 
-    grades = mean_labels(args.judgments)
+    grades = mean_labels(read_judgments(args.judgments))
     min_label = min(grades.values())
     biased, debiased = lists(args.workdir / args.biased), lists(args.workdir / args.debiased)
     scores: dict[str, dict[int, list[float]]] = {s: defaultdict(list) for s in ("ranker", "ctr", "debiased")}

@@ -52,17 +52,29 @@ def dssm(*args: str) -> None:
     print(f"  ({time.perf_counter() - started:.0f}s)", flush=True)
 
 
-def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
-    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
+def read_qrels(report: Path) -> dict[str, dict[str, float]]:
+    """query id -> {docno: label} from a report's qrels.txt."""
     qrels: dict[str, dict[str, float]] = {}
     for line in (report / "qrels.txt").read_text().splitlines():
         query, _, doc, label = line.split()
         qrels.setdefault(query, {})[doc] = float(label)
-    min_label = min(v for docs in qrels.values() for v in docs.values())
+    return qrels
+
+
+def read_run(report: Path, system: str) -> dict[str, list[str]]:
+    """query id -> its docnos, best first, from a report's runs/SYSTEM.run (written in rank order)."""
     ranked: dict[str, list[str]] = {}
     for line in (report / "runs" / f"{system}.run").read_text().splitlines():
         query, _, doc, *_ = line.split()
         ranked.setdefault(query, []).append(doc)
+    return ranked
+
+
+def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
+    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
+    qrels = read_qrels(report)
+    min_label = min(v for docs in qrels.values() for v in docs.values())
+    ranked = read_run(report, system)
     return {
         q: ndcg(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float), k, min_label)
         for q, docs in ranked.items()

@@ -29,6 +29,7 @@ from debias_targets import mean_labels
 from homedepot_table4 import HOME_DEPOT
 
 from core.artifacts import read_manifest, require_manifest, write_manifest
+from core.judgments import read_judgments
 from jobs.simulate import ClickModel, attractiveness
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     if not manifest["params"].get("list_size"):
         sys.exit(f"{args.negatives} has no lists: build it with `dssm negatives --list-size K`")
 
-    grades = mean_labels(args.judgments)
+    grades = mean_labels(read_judgments(args.judgments))
     low, high = min(grades.values()), max(grades.values())
     model = ClickModel()
     if args.out.exists():

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 from debias_targets import mean_labels
-from homedepot_table4 import HOME_DEPOT
+from homedepot_table4 import HOME_DEPOT, read_qrels, read_run
 
 from core.judgments import read_judgments
 from jobs.simulate import ClickModel, attractiveness, promoted_brand
@@ -40,23 +39,16 @@ def main() -> None:
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
-    titles = [pair.title for pair in read_judgments(args.judgments)]
+    pairs = read_judgments(args.judgments)
 
-    labels: dict[str, dict[int, float]] = defaultdict(dict)
-    for line in (args.report / "qrels.txt").read_text().splitlines():
-        qid, _, row, label = line.split()
-        labels[qid][int(row)] = float(label)
-    promoted = {row: promoted_brand(titles[row]) for rows in labels.values() for row in rows}
-    mixed = {q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows)}
+    labels = read_qrels(args.report)
+    promoted = {row: promoted_brand(pairs[int(row)].title) for rows in labels.values() for row in rows}
+    mixed = sorted(q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows))
 
-    shares = {"grades": np.mean([grades_share(labels[q], promoted) for q in sorted(mixed)])}
+    shares = {"grades": np.mean([grades_share(labels[q], promoted) for q in mixed])}
     for run in sorted((args.report / "runs").glob("*.run")):
-        top: dict[str, int] = {}
-        for line in run.read_text().splitlines():
-            qid, _, row, rank, _, _ = line.split()
-            if rank == "1" and qid in mixed:
-                top[qid] = int(row)
-        shares[run.stem] = np.mean([promoted[row] for row in top.values()])
+        ranked = read_run(args.report, run.stem)
+        shares[run.stem] = np.mean([promoted[ranked[q][0]] for q in mixed])
     print(f"\n{len(mixed)} of {len(labels)} queries judge both promoted and unpromoted brands\n")
     print("| ranked by | promoted title first |\n|---|---|")
     for name, share in shares.items():
@@ -64,7 +56,7 @@ def main() -> None:
     if args.negatives:
         print("\n| list targets | promoted: titles, mean error | unpromoted: titles, mean error | difference |")
         print("|---|---|---|---|")
-    judged = mean_labels(args.judgments) if args.negatives else {}
+    judged = mean_labels(pairs) if args.negatives else {}
     for negatives in args.negatives:
         errors = target_errors(negatives, judged)
         promo, other = errors[True], errors[False]
@@ -77,18 +69,19 @@ def main() -> None:
 def target_errors(negatives: Path, labels: dict[tuple[str, str], float]) -> dict[bool, list[float]]:
     """List target − true attractiveness of every judged listed title of the training split, by promotion."""
     low, high = min(labels.values()), max(labels.values())
+    model = ClickModel()
     errors: dict[bool, list[float]] = {True: [], False: []}
     for path in sorted((negatives / "train").glob("*.parquet")):
         table = pq.read_table(path, columns=["query", "shown", "relevance"])
         for query, shown, targets in zip(*(table[c].to_pylist() for c in table.column_names), strict=True):
             for title, target in zip(shown or [], targets or [], strict=True):
                 if (query, title) in labels:
-                    truth = attractiveness(np.float64((labels[query, title] - low) / (high - low)), ClickModel())
+                    truth = attractiveness(np.float64((labels[query, title] - low) / (high - low)), model)
                     errors[promoted_brand(title)].append(target - float(truth))
     return errors
 
 
-def grades_share(labels: dict[int, float], promoted: dict[int, bool]) -> float:
+def grades_share(labels: dict[str, float], promoted: dict[str, bool]) -> float:
     """The promoted fraction of a query's top-graded titles: its share at the top when ties break at random."""
     best = max(labels.values())
     return float(np.mean([promoted[row] for row, label in labels.items() if label == best]))
