@@ -13,8 +13,10 @@ A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its o
    same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=;
 3. one `dssm evaluate --dev` scores every model on the validation queries (train queries whose clicks
    were held out of training: never the test queries) and the script prints, per variant, the mean
-   and standard deviation over seeds of NDCG@1/3/10, and each variant against the first (the mean of
-   the per-seed differences, and a paired t-test over queries on the seed-averaged NDCG);
+   and standard deviation over seeds of NDCG@1/3/10 and of the share of differently graded title
+   pairs a query's ranking puts in the grades' order (per-query concordance, averaged over queries),
+   and each variant against the first (the mean of the per-seed differences, and a paired t-test
+   over queries on the seed-averaged metric);
 4. with --test, the same models and table on the test queries (PROTOCOL.md §3), once the variants
    were chosen on the dev split.
 """
@@ -27,7 +29,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from homedepot_table4 import CHOSEN, HOME_DEPOT, dssm, paired_cell, seed_mean
+from homedepot_table4 import (
+    CHOSEN,
+    HOME_DEPOT,
+    dssm,
+    paired_cell,
+    per_query_ndcg,
+    per_query_pairs_in_order,
+    seed_mean,
+)
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
@@ -109,25 +119,33 @@ def negatives_options(key: str, value: str) -> list[str]:
 
 
 def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, list[Path]]) -> None:
-    """Print the seed means of every variant in `report` and each variant against the first."""
+    """Print the seed means of every variant in `report` and each variant against the first: NDCG@k,
+    and the share of differently graded title pairs each query ranks in the grades' order."""
     systems = json.loads((report / "report.json").read_text())["systems"]
-    print(f"\n{split}, seeds {args.seeds}; NDCG × 100, mean ± sd over seeds\n")
-    print("| variant | overrides | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
-    print("|---|---|" + "---|" * len(CUTOFFS))
-    bm25 = " | ".join(f"{systems['bm25'][f'ndcg@{k}']:.2f}" for k in CUTOFFS)
-    print(f"| bm25 | | {bm25} |")
+    in_order = {s: per_query_pairs_in_order(report, s) for s in systems}
+    print(f"\n{split}, seeds {args.seeds}; × 100, mean ± sd over seeds\n")
+    print("| variant | overrides | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " | pairs in order |")
+    print("|---|---|" + "---|" * (len(CUTOFFS) + 1))
+    bm25 = [systems["bm25"][f"ndcg@{k}"] for k in CUTOFFS] + [100 * np.mean(list(in_order["bm25"].values()))]
+    print("| bm25 | | " + " | ".join(f"{v:.2f}" for v in bm25) + " |")
     names = system_names(runs)
     for name, overrides in args.variant:
-        cells = []
-        for k in CUTOFFS:
-            values = np.array([systems[s][f"ndcg@{k}"] for s in names[name]])
-            cells.append(f"{values.mean():.2f} ± {values.std(ddof=1) if len(values) > 1 else 0:.2f}")
+        columns = [[systems[s][f"ndcg@{k}"] for s in names[name]] for k in CUTOFFS]
+        columns.append([100 * np.mean(list(in_order[s].values())) for s in names[name]])
+        cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.2f}" for v in columns]
         print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
     reference = args.variant[0][0]
     for name, _ in args.variant[1:]:
         cells = [
-            paired_cell(k, seed_mean(report, names[reference], k), seed_mean(report, names[name], k)) for k in CUTOFFS
+            paired_cell(
+                f"NDCG@{k}",
+                seed_mean([per_query_ndcg(report, s, k) for s in names[reference]]),
+                seed_mean([per_query_ndcg(report, s, k) for s in names[name]]),
+            )
+            for k in CUTOFFS
         ]
+        pairs = [seed_mean([in_order[s] for s in names[v]]) for v in (reference, name)]
+        cells.append(paired_cell("pairs in order", *pairs))
         print(f"{name} − {reference}: " + ", ".join(cells))
 
 

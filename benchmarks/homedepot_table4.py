@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from core.layout import Layout
-from evaluation.protocol import CUTOFFS, ndcg, paired_test
+from evaluation.protocol import CUTOFFS, ndcg, paired_test, pairs_in_order
 
 HOME_DEPOT = Path(__file__).resolve().parents[2] / "shared/data/homedepot-search-relevance/train.csv.zip"
 CHOSEN = ["epochs=10", "loss.pair_weight=log_clicks"]  # BENCHMARKS.md: best mean dev NDCG of the candidates
@@ -81,17 +81,28 @@ def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
     }
 
 
+def per_query_pairs_in_order(report: Path, system: str) -> dict[str, float]:
+    """`evaluation.protocol.pairs_in_order` of each query with more than one label, from the TREC files."""
+    qrels = read_qrels(report)
+    shares = {}
+    for q, docs in read_run(report, system).items():
+        share = pairs_in_order(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float))
+        if share is not None:
+            shares[q] = share
+    return shares
+
+
 def compare(report: Path, a: str, b: str) -> str:
     """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
-    cells = [paired_cell(k, per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)) for k in CUTOFFS]
+    cells = [paired_cell(f"NDCG@{k}", per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)) for k in CUTOFFS]
     return f"{b} − {a}: " + ", ".join(cells)
 
 
-def paired_cell(k: int, a: dict[str, float], b: dict[str, float]) -> str:
-    """`NDCG@k +d (p=…)`: the mean per-query difference b − a (×100) and its paired t-test p-value."""
+def paired_cell(metric: str, a: dict[str, float], b: dict[str, float]) -> str:
+    """`METRIC +d (p=…)`: the mean per-query difference b − a (×100) and its paired t-test p-value."""
     queries = sorted(a)
     x, y = np.array([a[q] for q in queries]), np.array([b[q] for q in queries])
-    return f"NDCG@{k} {100 * (y.mean() - x.mean()):+.2f} (p={paired_test(y, x):.3g})"
+    return f"{metric} {100 * (y.mean() - x.mean()):+.2f} (p={paired_test(y, x):.3g})"
 
 
 def main() -> None:
@@ -141,9 +152,8 @@ def main() -> None:
         print(seed_table(out, first, systems, [b for b in ("bm25", "minilm") if b in args.baselines.split(",")]))
 
 
-def seed_mean(report: Path, systems: list[str], k: int) -> dict[str, float]:
-    """Per query, the NDCG@k averaged over the seeds' models."""
-    per_seed = [per_query_ndcg(report, s, k) for s in systems]
+def seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """Per query, a metric averaged over the seeds' models (one {query: value} per seed)."""
     return {q: float(np.mean([run[q] for run in per_seed])) for q in per_seed[0]}
 
 
@@ -159,7 +169,10 @@ def seed_table(report: Path, first: str, systems: dict[str, list[str]], referenc
         lines.append(f"| {first}{suffix} | {cells} |")
     for suffix, names in systems.items():
         for ref in references:
-            cells = [paired_cell(k, per_query_ndcg(report, ref, k), seed_mean(report, names, k)) for k in CUTOFFS]
+            cells = []
+            for k in CUTOFFS:
+                mean = seed_mean([per_query_ndcg(report, n, k) for n in names])
+                cells.append(paired_cell(f"NDCG@{k}", per_query_ndcg(report, ref, k), mean))
             lines.append(f"{first}{suffix} (seed mean) − {ref}: " + ", ".join(cells))
     return "\n".join(lines)
 

@@ -126,6 +126,16 @@ def ndcg(labels: np.ndarray, scores: np.ndarray, k: int, min_label: float) -> fl
     return float(top @ discounts[: len(top)]) / idcg if idcg > 0 else 0.0
 
 
+def pairs_in_order(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Of the pairs with different labels, the share ranked in the labels' order (ties in score keep
+    file order, as `ranking`): Kendall's concordance with the grades, or None with one label only."""
+    ranked = labels[ranking(scores)]
+    above = ranked[:, None] - ranked[None, :]  # [i, j]: label of the i-th ranked − label of the j-th
+    later = np.triu(np.ones(above.shape, dtype=bool), k=1)
+    right, wrong = int(np.sum((above > 0) & later)), int(np.sum((above < 0) & later))
+    return right / (right + wrong) if right + wrong else None
+
+
 def reciprocal_rank_and_ap(relevant: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     """RR and average precision of one ranking, given a boolean relevance per pair."""
     hits = relevant[ranking(scores)]

@@ -16,6 +16,7 @@ from evaluation.protocol import (
     evaluate_scores,
     ndcg,
     paired_test,
+    pairs_in_order,
     reciprocal_rank_and_ap,
 )
 from evaluation.report import markdown, summarise, write_trec
@@ -31,6 +32,16 @@ def test_ndcg_by_hand_with_stable_ties():
     assert ndcg(labels, np.zeros(3), 3, 1.0) == pytest.approx((3 / math.log2(3) + 1 / 2) / ideal3)
     # k beyond the list is the full list
     assert ndcg(labels, np.zeros(3), 10, 1.0) == ndcg(labels, np.zeros(3), 3, 1.0)
+
+
+def test_pairs_in_order_by_hand_with_stable_ties():
+    labels = np.array([3.0, 1.0, 2.0, 2.0])  # 5 pairs with different labels (the two 2s tie)
+    assert pairs_in_order(labels, np.array([4.0, 1.0, 3.0, 2.0])) == 1.0
+    assert pairs_in_order(labels, np.array([1.0, 4.0, 2.0, 3.0])) == 0.0
+    # ranked 3, 1, 2, 2: 3 above everything (3 right), 1 above both 2s (2 wrong)
+    assert pairs_in_order(labels, np.array([4.0, 3.0, 2.0, 1.0])) == pytest.approx(3 / 5)
+    assert pairs_in_order(labels, np.zeros(4)) == pytest.approx(3 / 5)  # all tied: file order
+    assert pairs_in_order(np.array([2.0, 2.0]), np.array([1.0, 0.0])) is None
 
 
 def test_rr_and_ap():
