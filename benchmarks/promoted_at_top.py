@@ -8,7 +8,10 @@ docno is the pair's row in the judged file) and, over the queries whose judged t
 both promoted and unpromoted brands (`jobs.simulate.promoted_brand`), prints per system the share
 whose first-ranked title is promoted, and the same share for the human grades (ties among the
 top-graded titles counted at their promoted fraction). Promotion is independent of the labels, so
-a system well above the grades' share ranks promoted brands up for being promoted.
+a system well above the grades' share ranks promoted brands up for being promoted. Beside it, the
+share of differently graded pairs of a promoted and an unpromoted title that the system ranks in the
+grades' order (`evaluation.protocol.pairs_in_order` over those pairs, averaged over the queries):
+whether un-learning the promotion puts those pairs in the true order.
 
 With `--negatives DIR` (a `dssm negatives --list-size K` output; repeatable), it also prints the mean
 error of the list targets of the training queries' judged titles against the simulator's true
@@ -28,6 +31,7 @@ from debias_targets import mean_labels
 from homedepot_table4 import HOME_DEPOT, read_qrels, read_run
 
 from core.judgments import read_judgments
+from evaluation.protocol import pairs_in_order
 from jobs.simulate import ClickModel, attractiveness, promoted_brand
 
 
@@ -45,14 +49,15 @@ def main() -> None:
     promoted = {row: promoted_brand(pairs[int(row)].title) for rows in labels.values() for row in rows}
     mixed = sorted(q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows))
 
-    shares = {"grades": np.mean([grades_share(labels[q], promoted) for q in mixed])}
+    print(f"\n{len(mixed)} of {len(labels)} queries judge both promoted and unpromoted brands\n")
+    print("| ranked by | promoted title first | pairs mixing brands in the grades' order |\n|---|---|---|")
+    print(f"| grades | {100 * np.mean([grades_share(labels[q], promoted) for q in mixed]):.1f}% | 100% |")
     for run in sorted((args.report / "runs").glob("*.run")):
         ranked = read_run(args.report, run.stem)
-        shares[run.stem] = np.mean([promoted[ranked[q][0]] for q in mixed])
-    print(f"\n{len(mixed)} of {len(labels)} queries judge both promoted and unpromoted brands\n")
-    print("| ranked by | promoted title first |\n|---|---|")
-    for name, share in shares.items():
-        print(f"| {name} | {100 * share:.1f}% |")
+        first = np.mean([promoted[ranked[q][0]] for q in mixed])
+        in_order = [mixed_pairs_in_order(ranked[q], labels[q], promoted) for q in mixed]
+        in_order_mean = np.mean([share for share in in_order if share is not None])
+        print(f"| {run.stem} | {100 * first:.1f}% | {100 * in_order_mean:.2f}% |")
     if args.negatives:
         print("\n| list targets | promoted: titles, mean error | unpromoted: titles, mean error | difference |")
         print("|---|---|---|---|")
@@ -79,6 +84,14 @@ def target_errors(negatives: Path, labels: dict[tuple[str, str], float]) -> dict
                     truth = attractiveness(np.float64((labels[query, title] - low) / (high - low)), model)
                     errors[promoted_brand(title)].append(target - float(truth))
     return errors
+
+
+def mixed_pairs_in_order(ranked: list[str], labels: dict[str, float], promoted: dict[str, bool]) -> float | None:
+    """Of a query's differently graded pairs of a promoted and an unpromoted title, the share ranked
+    in the grades' order: where the promotion can mislead a model, and only there."""
+    grades = np.array([labels[row] for row in ranked])
+    brands = np.array([promoted[row] for row in ranked])
+    return pairs_in_order(grades, -np.arange(len(ranked), dtype=float), groups=brands)
 
 
 def grades_share(labels: dict[str, float], promoted: dict[str, bool]) -> float:

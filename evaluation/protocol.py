@@ -126,13 +126,17 @@ def ndcg(labels: np.ndarray, scores: np.ndarray, k: int, min_label: float) -> fl
     return float(top @ discounts[: len(top)]) / idcg if idcg > 0 else 0.0
 
 
-def pairs_in_order(labels: np.ndarray, scores: np.ndarray) -> float | None:
-    """Of the pairs with different labels, the share ranked in the labels' order (ties in score keep
-    file order, as `ranking`): Kendall's concordance with the grades, or None with one label only."""
-    ranked = labels[ranking(scores)]
+def pairs_in_order(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray | None = None) -> float | None:
+    """Of the pairs with different labels (and, with `groups`, in different groups), the share ranked
+    in the labels' order (ties in score keep file order, as `ranking`): Kendall's concordance with
+    the grades, or None where no pair counts."""
+    order = ranking(scores)
+    ranked = labels[order]
     above = ranked[:, None] - ranked[None, :]  # [i, j]: label of the i-th ranked − label of the j-th
-    later = np.triu(np.ones(above.shape, dtype=bool), k=1)
-    right, wrong = int(np.sum((above > 0) & later)), int(np.sum((above < 0) & later))
+    counted = np.triu(np.ones(above.shape, dtype=bool), k=1)
+    if groups is not None:
+        counted &= groups[order][:, None] != groups[order][None, :]
+    right, wrong = int(np.sum((above > 0) & counted)), int(np.sum((above < 0) & counted))
     return right / (right + wrong) if right + wrong else None
 
 

@@ -42,6 +42,10 @@ def test_pairs_in_order_by_hand_with_stable_ties():
     assert pairs_in_order(labels, np.array([4.0, 3.0, 2.0, 1.0])) == pytest.approx(3 / 5)
     assert pairs_in_order(labels, np.zeros(4)) == pytest.approx(3 / 5)  # all tied: file order
     assert pairs_in_order(np.array([2.0, 2.0]), np.array([1.0, 0.0])) is None
+    # only the pairs across groups of ranked 3a, 1b, 2a, 2b: 3a-1b and 3a-2b right, 1b-2a wrong, 2a-2b tied
+    groups = np.array(["a", "b", "a", "b"])
+    assert pairs_in_order(labels, np.array([4.0, 3.0, 2.0, 1.0]), groups) == pytest.approx(2 / 3)
+    assert pairs_in_order(labels, np.array([4.0, 3.0, 2.0, 1.0]), np.zeros(4)) is None
 
 
 def test_rr_and_ap():
