@@ -11,8 +11,9 @@ A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its o
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
    same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=;
-3. one `dssm evaluate --dev` scores every model on the validation queries (train queries whose clicks
-   were held out of training: never the test queries) and the script prints, per variant, the mean
+3. one `dssm evaluate --dev` scores every model of this call's variants on the validation queries
+   (train queries whose clicks were held out of training: never the test queries) into
+   WORKDIR/ablation-dev (`--report NAME`: WORKDIR/NAME-dev), and the script prints, per variant, the mean
    and standard deviation over seeds of NDCG@1/3/10 and of the share of differently graded title
    pairs a query's ranking puts in the grades' order (per-query concordance, averaged over queries),
    and each variant against the first (the mean of the per-seed differences, and a paired t-test
@@ -68,6 +69,12 @@ def main() -> None:
     p.add_argument("--promotion", type=float, help="the simulated log's brand promotion (dssm simulate --promotion)")
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
     p.add_argument("--test", action="store_true", help="also score the models on the test queries")
+    p.add_argument(
+        "--report",
+        default="ablation",
+        help="the evaluations go to WORKDIR/REPORT-dev and REPORT-test, replacing an earlier call's "
+        "(default: %(default)s): name a call's own to keep it",
+    )
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
@@ -103,11 +110,12 @@ def main() -> None:
                 dssm("train", "--workdir", str(layout.workdir), *args.train, *overrides, f"seed={seed}", f"out={out}")
     models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", "--no-register", *models]
-    dssm(*evaluate, "--out", str(layout.workdir / "ablation-dev"), "--dev", str(layout.negatives))
-    table(layout.workdir / "ablation-dev", f"dev split ({layout.negatives})", args, runs)
+    dev, test = (layout.workdir / f"{args.report}-{split}" for split in ("dev", "test"))
+    dssm(*evaluate, "--out", str(dev), "--dev", str(layout.negatives))
+    table(dev, f"dev split ({layout.negatives})", args, runs)
     if args.test:
-        dssm(*evaluate, "--out", str(layout.workdir / "ablation-test"))
-        table(layout.workdir / "ablation-test", "test split (PROTOCOL.md §3)", args, runs)
+        dssm(*evaluate, "--out", str(test))
+        table(test, "test split (PROTOCOL.md §3)", args, runs)
 
 
 def negatives_options(key: str, value: str) -> list[str]:
