@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,6 @@ def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[floa
     clicks / examinations, or with `prior` = (prior_clicks, prior_skips) `map_attractiveness`.
     Integer counts per rank first, then one sum per pair in rank order, so the floating-point sums
     are the same on every rerun."""
-    curve = F.array(*[F.lit(t) for t in theta])
     per_pair = (
         shown_cells(impressions)
         .groupBy("query", "title")
@@ -184,10 +184,7 @@ def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[floa
             F.sum("clicks").alias("clicks"),
         )
     )
-
-    def theta_at(c):
-        return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
-
+    theta_at = curve_at_rank(theta)
     zero = F.lit(0.0).cast("double")
     examined = per_pair.select(
         "query",
@@ -202,6 +199,12 @@ def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[floa
     else:
         relevance = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
     return examined.select("query", "title", "clicks", "examinations", "debiased_clicks", relevance.alias("relevance"))
+
+
+def curve_at_rank(theta: list[float]) -> Callable[[Column], Column]:
+    """θ(rank) of a cell (a struct with a `rank` field), the curve's last value beyond its end."""
+    curve = F.array(*[F.lit(t) for t in theta])
+    return lambda cell: F.element_at(curve, F.least(cell["rank"], F.lit(len(theta))))
 
 
 def map_attractiveness(cells: Column, clicks: Column, theta_at, prior_clicks: float, prior_skips: float) -> Column:

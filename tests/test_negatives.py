@@ -148,7 +148,7 @@ def em_attractiveness(cells, theta, prior_clicks, prior_skips, iterations=200_00
 def test_map_attractiveness_is_the_em_fixed_point(spark):
     from pyspark.sql import functions as F
 
-    from jobs.negatives import map_attractiveness
+    from jobs.negatives import curve_at_rank, map_attractiveness
 
     theta = [1.0, 0.25, 0.1, 0.05]
     pairs = [  # (rank, shown, clicks) cells
@@ -162,10 +162,7 @@ def test_map_attractiveness_is_the_em_fixed_point(spark):
         [(i, cells, sum(c for _, _, c in cells)) for i, cells in enumerate(pairs)],
         "i int, cells array<struct<rank:int,shown:long,clicks:long>>, clicks long",
     )
-    curve = F.array(*[F.lit(t) for t in theta])
-
-    def theta_at(c):
-        return F.element_at(curve, F.least(c["rank"], F.lit(len(theta))))
+    theta_at = curve_at_rank(theta)
 
     def modes(theta_at, prior):
         g = map_attractiveness(F.col("cells"), F.col("clicks"), theta_at, *prior)
