@@ -207,7 +207,9 @@ def curve_at_rank(theta: list[float]) -> Callable[[Column], Column]:
     return lambda cell: F.element_at(curve, F.least(cell["rank"], F.lit(len(theta))))
 
 
-def map_attractiveness(cells: Column, clicks: Column, theta_at, prior_clicks: float, prior_skips: float) -> Column:
+def map_attractiveness(
+    cells: Column, clicks: Column, theta_at: Callable[[Column], Column], prior_clicks: float, prior_skips: float
+) -> Column:
     """The γ in (0, 1) that maximises (clicks + a)·log γ + b·log(1 − γ) + Σ skipped·log(1 − θ·γ)
     over a pair's (rank, shown, clicks) cells, a = prior_clicks and b = prior_skips: the posterior
     mode of the PBM's attractiveness with a Beta(a + 1, b + 1) prior, the fixed point of Wang et al.'s
