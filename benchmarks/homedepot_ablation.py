@@ -6,7 +6,8 @@
 A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its own negatives
 (`dssm negatives --KEY VALUE` into WORKDIR/negatives-VARIANT), which it trains on
 (`negatives.debias=true` reads the examination curve of `dssm propensity`, run into WORKDIR/propensity);
-`--eta`, `--ranker-noise`, `--ranker-bias` and `--promotion` simulate a log with another position bias or ranker.
+`--eta`, `--ranker-noise`, `--ranker-bias`, `--promotion` and `--promoted-brands` simulate a log with another
+position bias or ranker.
 
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
@@ -67,6 +68,7 @@ def main() -> None:
     p.add_argument("--ranker-noise", type=float, help="the simulated log's ranker noise (dssm simulate --ranker-noise)")
     p.add_argument("--ranker-bias", type=float, help="the simulated log's ranker bias (dssm simulate --ranker-bias)")
     p.add_argument("--promotion", type=float, help="the simulated log's brand promotion (dssm simulate --promotion)")
+    p.add_argument("--promoted-brands", help="which brands the promotion lifts (dssm simulate --promoted-brands)")
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
     p.add_argument("--test", action="store_true", help="also score the models on the test queries")
     p.add_argument(
@@ -82,7 +84,7 @@ def main() -> None:
     layout = Layout(args.workdir)
     # the data stages of `dssm run` (same jobs, same settings: the same outputs), each skipped when up to date
     judged = ["--judgments", str(args.judgments)]
-    settings = [(k, getattr(args, k)) for k in ("eta", "ranker_noise", "ranker_bias", "promotion")]
+    settings = [(k, getattr(args, k)) for k in ("eta", "ranker_noise", "ranker_bias", "promotion", "promoted_brands")]
     click_model = [f"--{k.replace('_', '-')}={v}" for k, v in settings]
     click_model = [a for a in click_model if not a.endswith("=None")]
     dssm("simulate", *judged, "--out", str(layout.simulate), "--impressions", str(args.impressions), *click_model)

@@ -56,6 +56,9 @@ class ClickModel:
     # added to the ranker's score of every title of a promoted brand (`promoted_brand`): a systematic
     # error that follows a title feature, so a model learning from uncorrected clicks carries it to new queries
     promotion: float = 0.0
+    # which brands it promotes: "hashed" (a quarter of the first words, whatever their relevance) or
+    # "weakest" (the brands of lowest mean label, a quarter of the titles: learning the promotion costs relevance)
+    promoted_brands: str = "hashed"
     page_size: int = 10  # results shown per impression
     filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
     eta: float = 1.0  # examination probability at rank r is r**-eta
@@ -136,11 +139,39 @@ class Catalogue:
     promoted: np.ndarray  # per title: whether its brand is promoted (`promoted_brand`)
 
 
+PROMOTED_BRANDS = ("hashed", "weakest")
+
+
 def promoted_brand(title: str) -> bool:
     """Whether the ranker's `promotion` applies to `title`: its first word (the brand, in most product
     titles) hashes into a quarter of all first words, independently of any label."""
+    first = brand(title)
+    return bool(first) and hashlib.md5(first.encode("utf-8")).digest()[0] % 4 == 0
+
+
+def brand(title: str) -> str:
+    """A title's first word (the brand, in most product titles), '' for an empty title."""
     words = norm(title).split()
-    return bool(words) and hashlib.md5(words[0].encode("utf-8")).digest()[0] % 4 == 0
+    return words[0] if words else ""
+
+
+def weakest_brands(train: dict[str, dict[str, float]], share: float = 0.25) -> set[str]:
+    """The brands of lowest mean label over the train queries' judged titles, weakest first (ties
+    broken by the brand's md5), until their titles are `share` of all titles."""
+    labels: dict[str, list[float]] = {}
+    titles: dict[str, set[str]] = {}
+    for judged in train.values():
+        for title, label in judged.items():
+            labels.setdefault(brand(title), []).append(label)
+            titles.setdefault(brand(title), set()).add(title)
+    order = sorted(labels, key=lambda b: (float(np.mean(labels[b])), hashlib.md5(b.encode("utf-8")).hexdigest()))
+    total, chosen, covered = sum(len(t) for t in titles.values()), set(), 0
+    for name in order:
+        if covered >= share * total:
+            break
+        chosen.add(name)
+        covered += len(titles[name])
+    return chosen
 
 
 def _doc_id(title: str) -> str:
@@ -172,7 +203,7 @@ def split_judgments(pairs: list[JudgedPair]) -> tuple[dict[str, dict[str, float]
     return train, test
 
 
-def build_catalogue(train: dict[str, dict[str, float]], seed: int) -> Catalogue:
+def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_brands: str = "hashed") -> Catalogue:
     if not train:
         raise DssmError("the judged set has no train query to simulate (all queries are test queries or empty)")
     titles = sorted({t for judged in train.values() for t in judged})
@@ -202,7 +233,9 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int) -> Catalogue:
         titles=titles,
         judged=judged,
         relevance=relevance,
-        promoted=np.array([promoted_brand(t) for t in titles]),
+        promoted=np.array([promoted_brand(t) for t in titles])
+        if promoted_brands == "hashed"
+        else np.isin([brand(t) for t in titles], sorted(weakest_brands(train))),
     )
 
 
@@ -452,6 +485,8 @@ def simulate(
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
     if cfg.log_format not in FORMAT_VERSIONS:
         raise DssmError(f"log format must be one of {FORMAT_VERSIONS}, got {cfg.log_format}")
+    if cfg.model.promoted_brands not in PROMOTED_BRANDS:
+        raise DssmError(f"promoted brands must be one of {PROMOTED_BRANDS}, got {cfg.model.promoted_brands!r}")
     cfg.span()  # a bad day fails here
     params = {
         "impressions": cfg.impressions,
@@ -466,7 +501,7 @@ def simulate(
 
     def build(tmp: Path) -> dict[str, Any]:
         train, test = split_judgments(pairs)
-        cat = build_catalogue(train, cfg.seed)
+        cat = build_catalogue(train, cfg.seed, cfg.model.promoted_brands)
         shards = cfg.shard_count()
         suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
         (tmp / "logs").mkdir()
@@ -555,6 +590,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "systematic ranker error (default: %(default)s)",
     )
     g.add_argument(
+        "--promoted-brands",
+        choices=PROMOTED_BRANDS,
+        default=m.promoted_brands,
+        help="which brands --promotion lifts: a hashed quarter of the first words, unrelated to relevance, or "
+        "the weakest brands (lowest mean label, a quarter of the titles) (default: %(default)s)",
+    )
+    g.add_argument(
         "--day",
         default="",
         metavar="YYYY-MM-DD",
@@ -578,6 +620,7 @@ def command(args: argparse.Namespace) -> None:
         ranker_noise=args.ranker_noise,
         ranker_bias=args.ranker_bias,
         promotion=args.promotion,
+        promoted_brands=args.promoted_brands,
     )
     cfg = from_args(SimulationConfig, args, model=model)
     out = args.out / partition_name(cfg.day) if cfg.day else args.out

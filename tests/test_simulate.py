@@ -187,3 +187,22 @@ def test_a_promoting_ranker_puts_promoted_brands_first_for_every_query(default_p
     assert (np.diff(promoted.astype(int), axis=1) <= 0).all()  # no promoted title below an unpromoted one
     fair, _, _ = _rank_and_click(cat, ClickModel(ranker_noise=0.0, filler=0), np.random.default_rng(1), queries)
     assert (fair != shown).any(axis=1).mean() > 0.2
+
+
+def test_the_weakest_brands_are_a_quarter_of_the_titles_and_less_relevant(default_pairs):
+    """`promoted_brands="weakest"`: the ranker lifts the brands of lowest mean label, so a model that
+    learns the promotion from uncorrected clicks ranks less relevant titles up."""
+    import numpy as np
+
+    from jobs.simulate import brand, build_catalogue, split_judgments, weakest_brands
+
+    train = split_judgments(default_pairs)[0]
+    cat = build_catalogue(train, seed=13, promoted_brands="weakest")
+    assert 0.25 <= cat.promoted.mean() < 0.35  # whole brands until a quarter of the titles
+    assert {brand(t) for t, p in zip(cat.titles, cat.promoted, strict=True) if p} == weakest_brands(train)
+    rows, cols = np.nonzero(cat.judged >= 0)
+    promoted = cat.promoted[cat.judged[rows, cols]]
+    relevance = cat.relevance[rows, cols]
+    assert relevance[promoted].mean() < relevance[~promoted].mean() - 0.02  # Home Depot: 0.15 apart
+    hashed = build_catalogue(train, seed=13).promoted  # the default: independent of relevance
+    assert abs(relevance[hashed[cat.judged[rows, cols]]].mean() - relevance.mean()) < 0.1
