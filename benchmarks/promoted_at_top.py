@@ -5,10 +5,11 @@
 
 Reads the TREC run files and qrels of a `dssm evaluate` report (`runs/*.run`, `qrels.txt`; a
 docno is the pair's row in the judged file) and, over the queries whose judged titles include
-both promoted and unpromoted brands (`jobs.simulate.promoted_brand`), prints per system the share
-whose first-ranked title is promoted, and the same share for the human grades (ties among the
-top-graded titles counted at their promoted fraction). Promotion is independent of the labels, so
-a system well above the grades' share ranks promoted brands up for being promoted. Beside it, the
+both promoted and unpromoted brands (`jobs.simulate.promoted_brand`; with `--promoted-brands
+weakest`, the train queries' `jobs.simulate.weakest_brands`, as the simulator chose them), prints per
+system the share whose first-ranked title is promoted, and the same share for the human grades
+(ties among the top-graded titles counted at their promoted fraction). The grades' share is the
+unbiased reference: a system well above it ranks promoted brands up for being promoted. Beside it, the
 share of differently graded pairs of a promoted and an unpromoted title that the system ranks in the
 grades' order (`evaluation.protocol.pairs_in_order` over those pairs, averaged over the queries):
 whether un-learning the promotion puts those pairs in the true order.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,15 @@ from homedepot_table4 import HOME_DEPOT, read_qrels, read_run
 
 from core.judgments import read_judgments
 from evaluation.protocol import pairs_in_order
-from jobs.simulate import ClickModel, attractiveness, promoted_brand
+from jobs.simulate import (
+    PROMOTED_BRANDS,
+    ClickModel,
+    attractiveness,
+    brand,
+    promoted_brand,
+    split_judgments,
+    weakest_brands,
+)
 
 
 def main() -> None:
@@ -40,13 +50,24 @@ def main() -> None:
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT, help="the judged set the report scored")
     p.add_argument("--report", type=Path, required=True, help="a `dssm evaluate --out` directory")
     p.add_argument("--negatives", type=Path, action="append", default=[], help="a negatives output with lists")
+    p.add_argument(
+        "--promoted-brands",
+        choices=PROMOTED_BRANDS,
+        default="hashed",
+        help="the log's `dssm simulate --promoted-brands`",
+    )
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
     pairs = read_judgments(args.judgments)
 
     labels = read_qrels(args.report)
-    promoted = {row: promoted_brand(pairs[int(row)].title) for rows in labels.values() for row in rows}
+    weakest = weakest_brands(split_judgments(pairs)[0]) if args.promoted_brands == "weakest" else set()
+
+    def is_promoted(title: str) -> bool:
+        return brand(title) in weakest if args.promoted_brands == "weakest" else promoted_brand(title)
+
+    promoted = {row: is_promoted(pairs[int(row)].title) for rows in labels.values() for row in rows}
     mixed = sorted(q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows))
 
     print(f"\n{len(mixed)} of {len(labels)} queries judge both promoted and unpromoted brands\n")
@@ -63,7 +84,7 @@ def main() -> None:
         print("|---|---|---|---|")
     judged = mean_labels(pairs) if args.negatives else {}
     for negatives in args.negatives:
-        errors = target_errors(negatives, judged)
+        errors = target_errors(negatives, judged, is_promoted)
         promo, other = errors[True], errors[False]
         print(
             f"| {negatives.name} | {len(promo):,}, {np.mean(promo):+.4f} | {len(other):,}, {np.mean(other):+.4f} "
@@ -71,7 +92,9 @@ def main() -> None:
         )
 
 
-def target_errors(negatives: Path, labels: dict[tuple[str, str], float]) -> dict[bool, list[float]]:
+def target_errors(
+    negatives: Path, labels: dict[tuple[str, str], float], is_promoted: Callable[[str], bool]
+) -> dict[bool, list[float]]:
     """List target − true attractiveness of every judged listed title of the training split, by promotion."""
     low, high = min(labels.values()), max(labels.values())
     model = ClickModel()
@@ -82,7 +105,7 @@ def target_errors(negatives: Path, labels: dict[tuple[str, str], float]) -> dict
             for title, target in zip(shown or [], targets or [], strict=True):
                 if (query, title) in labels:
                     truth = attractiveness(np.float64((labels[query, title] - low) / (high - low)), model)
-                    errors[promoted_brand(title)].append(target - float(truth))
+                    errors[is_promoted(title)].append(target - float(truth))
     return errors
 
 
