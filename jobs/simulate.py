@@ -136,7 +136,7 @@ class Catalogue:
     titles: list[str]
     judged: np.ndarray  # (Q, L) title ids, -1 padded
     relevance: np.ndarray  # (Q, L) in [0, 1], -inf padded
-    promoted: np.ndarray  # per title: whether its brand is promoted (`promoted_brand`)
+    promoted: np.ndarray  # per title: whether its brand is promoted (`promoted_brand` or `weakest_brands`)
 
 
 PROMOTED_BRANDS = ("hashed", "weakest")
@@ -156,8 +156,8 @@ def brand(title: str) -> str:
 
 
 def weakest_brands(train: dict[str, dict[str, float]], share: float = 0.25) -> set[str]:
-    """The brands of lowest mean label over the train queries' judged titles, weakest first (ties
-    broken by the brand's md5), until their titles are `share` of all titles."""
+    """The brands of lowest mean label over their judged (train query, title) pairs, weakest first
+    (ties broken by the brand's md5), until their titles are `share` of all titles."""
     labels: dict[str, list[float]] = {}
     titles: dict[str, set[str]] = {}
     for judged in train.values():
