@@ -34,15 +34,7 @@ from homedepot_table4 import HOME_DEPOT, read_qrels, read_run
 
 from core.judgments import read_judgments
 from evaluation.protocol import pairs_in_order
-from jobs.simulate import (
-    PROMOTED_BRANDS,
-    ClickModel,
-    attractiveness,
-    brand,
-    promoted_brand,
-    split_judgments,
-    weakest_brands,
-)
+from jobs.simulate import PROMOTED_BRANDS, ClickModel, attractiveness, promotion_rule, split_judgments
 
 
 def main() -> None:
@@ -62,11 +54,7 @@ def main() -> None:
     pairs = read_judgments(args.judgments)
 
     labels = read_qrels(args.report)
-    weakest = weakest_brands(split_judgments(pairs)[0]) if args.promoted_brands == "weakest" else set()
-
-    def is_promoted(title: str) -> bool:
-        return brand(title) in weakest if args.promoted_brands == "weakest" else promoted_brand(title)
-
+    is_promoted = promotion_rule(split_judgments(pairs)[0], args.promoted_brands)
     promoted = {row: is_promoted(pairs[int(row)].title) for rows in labels.values() for row in rows}
     mixed = sorted(q for q, rows in labels.items() if 0 < sum(promoted[r] for r in rows) < len(rows))
 

@@ -162,8 +162,9 @@ def weakest_brands(train: dict[str, dict[str, float]], share: float = 0.25) -> s
     titles: dict[str, set[str]] = {}
     for judged in train.values():
         for title, label in judged.items():
-            labels.setdefault(brand(title), []).append(label)
-            titles.setdefault(brand(title), set()).add(title)
+            name = brand(title)
+            labels.setdefault(name, []).append(label)
+            titles.setdefault(name, set()).add(title)
     order = sorted(labels, key=lambda b: (float(np.mean(labels[b])), hashlib.md5(b.encode("utf-8")).hexdigest()))
     total, chosen, covered = sum(len(t) for t in titles.values()), set(), 0
     for name in order:
@@ -172,6 +173,15 @@ def weakest_brands(train: dict[str, dict[str, float]], share: float = 0.25) -> s
         chosen.add(name)
         covered += len(titles[name])
     return chosen
+
+
+def promotion_rule(train: dict[str, dict[str, float]], promoted_brands: str = "hashed") -> Callable[[str], bool]:
+    """Whether the ranker promotes a title: `promoted_brand`, or with "weakest" a brand among the
+    train queries' `weakest_brands`."""
+    if promoted_brands == "hashed":
+        return promoted_brand
+    weakest = weakest_brands(train)
+    return lambda title: brand(title) in weakest
 
 
 def _doc_id(title: str) -> str:
@@ -222,6 +232,8 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_bran
             judged[qi, j] = title_ids[title]
             relevance[qi, j] = (label - low) / span
 
+    is_promoted = promotion_rule(train, promoted_brands)
+
     def fragment(title: str, shown: str) -> str:
         return f'"doc_id":"{_doc_id(title)}","title":{orjson.dumps(shown).decode()}'
 
@@ -233,9 +245,7 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_bran
         titles=titles,
         judged=judged,
         relevance=relevance,
-        promoted=np.array([promoted_brand(t) for t in titles])
-        if promoted_brands == "hashed"
-        else np.isin([brand(t) for t in titles], sorted(weakest_brands(train))),
+        promoted=np.array([is_promoted(t) for t in titles]),
     )
 
 
