@@ -144,18 +144,13 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
         columns.append([100 * np.mean(list(in_order[s].values())) for s in names[name]])
         cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.2f}" for v in columns]
         print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
+    per_query = {f"NDCG@{k}": {s: per_query_ndcg(report, s, k) for s in systems} for k in CUTOFFS}
+    per_query["pairs in order"] = in_order
+    # per metric and variant, each query's value averaged over the variant's seeds
+    means = {m: {v: seed_mean([by[s] for s in names[v]]) for v, _ in args.variant} for m, by in per_query.items()}
     reference = args.variant[0][0]
     for name, _ in args.variant[1:]:
-        cells = [
-            paired_cell(
-                f"NDCG@{k}",
-                seed_mean([per_query_ndcg(report, s, k) for s in names[reference]]),
-                seed_mean([per_query_ndcg(report, s, k) for s in names[name]]),
-            )
-            for k in CUTOFFS
-        ]
-        pairs = [seed_mean([in_order[s] for s in names[v]]) for v in (reference, name)]
-        cells.append(paired_cell("pairs in order", *pairs))
+        cells = [paired_cell(metric, by[reference], by[name]) for metric, by in means.items()]
         print(f"{name} − {reference}: " + ", ".join(cells))
 
 
