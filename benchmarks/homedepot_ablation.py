@@ -11,7 +11,8 @@ position bias or ranker.
 
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
-   same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=;
+   same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=
+   (`--resume`: a finished run is kept, a killed one continues from its checkpoint);
 3. one `dssm evaluate --dev` scores every model of this call's variants on the validation queries
    (train queries whose clicks were held out of training: never the test queries) into
    WORKDIR/ablation-dev (`--report NAME`: WORKDIR/NAME-dev), and the script prints, per variant, the mean
@@ -108,8 +109,9 @@ def main() -> None:
         for seed in seeds:
             out = layout.train(f"ablation-{name}-s{seed}")
             runs.setdefault(name, []).append(out)
-            if not (out / "last.pt").exists():
-                dssm("train", "--workdir", str(layout.workdir), *args.train, *overrides, f"seed={seed}", f"out={out}")
+            # --resume: trains afresh, continues a killed run, or does nothing when the run finished
+            config = [*args.train, *overrides, f"seed={seed}", f"out={out}"]
+            dssm("train", "--workdir", str(layout.workdir), "--resume", *config)
     models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", "--no-register", *models]
     dev, test = (layout.workdir / f"{args.report}-{split}" for split in ("dev", "test"))
