@@ -42,12 +42,11 @@ def main() -> None:
     layout = Layout(para)
     dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives), "-n", "0", "--shards", "2")
     pretrained = Layout(para).train("lstm96")
-    if not (pretrained / "last.pt").exists():
-        dssm("train", "--workdir", str(para), "--objective", "paraphrase", *PRETRAIN, f"out={pretrained}")
+    # --resume: a finished run is kept, a killed one continues from its checkpoint
+    dssm("train", "--workdir", str(para), "--objective", "paraphrase", "--resume", *PRETRAIN, f"out={pretrained}")
     warm = Layout(hd).train("lstm-para")
-    if not (warm / "last.pt").exists():
-        overrides = ["model.encoder=lstm", *CHOSEN, f"init_from={pretrained}", f"out={warm}", "run_name=lstm-para"]
-        dssm("train", "--workdir", str(hd), *overrides)
+    overrides = ["model.encoder=lstm", *CHOSEN, f"init_from={pretrained}", f"out={warm}", "run_name=lstm-para"]
+    dssm("train", "--workdir", str(hd), "--resume", *overrides)
     models = ["--model", str(scratch), "--model", str(warm)]
     common = ["evaluate", "--judgments", str(HOME_DEPOT), "--baselines", "bm25", "--no-register", *models]
     dssm(*common, "--dev", str(Layout(hd).negatives), "--out", str(hd / "pretrain-dev"))

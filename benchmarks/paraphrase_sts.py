@@ -78,9 +78,9 @@ def main() -> None:
     models = []
     for name in args.configs.split(","):
         out = Layout(work).train(name)
-        if not (out / "last.pt").exists():
-            overrides = [*common, *CONFIGS[name], *args.set, f"out={out}"]
-            dssm("train", "--workdir", str(work), "--objective", "paraphrase", *overrides)
+        overrides = [*common, *CONFIGS[name], *args.set, f"out={out}"]
+        # --resume: a finished run is kept, a killed one continues from its checkpoint
+        dssm("train", "--workdir", str(work), "--objective", "paraphrase", "--resume", *overrides)
         models += ["--model", str(out)]
     if CLICK_LSTM.exists():
         models += ["--model", str(CLICK_LSTM)]
