@@ -134,19 +134,20 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
     """Print the seed means of every variant in `report` and each variant against the first: NDCG@k,
     and the share of differently graded title pairs each query ranks in the grades' order."""
     systems = json.loads((report / "report.json").read_text())["systems"]
-    in_order = {s: per_query_pairs_in_order(report, s) for s in systems}
+    names = system_names(runs)
+    scored = [s for v, _ in args.variant for s in names[v]]  # bm25 needs only its own line
+    in_order = {s: per_query_pairs_in_order(report, s) for s in ["bm25", *scored]}
     print(f"\n{split}, seeds {args.seeds}; × 100, mean ± sd over seeds\n")
     print("| variant | overrides | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " | pairs in order |")
     print("|---|---|" + "---|" * (len(CUTOFFS) + 1))
     bm25 = [systems["bm25"][f"ndcg@{k}"] for k in CUTOFFS] + [100 * np.mean(list(in_order["bm25"].values()))]
     print("| bm25 | | " + " | ".join(f"{v:.2f}" for v in bm25) + " |")
-    names = system_names(runs)
     for name, overrides in args.variant:
         columns = [[systems[s][f"ndcg@{k}"] for s in names[name]] for k in CUTOFFS]
         columns.append([100 * np.mean(list(in_order[s].values())) for s in names[name]])
         cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.2f}" for v in columns]
         print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
-    per_query = {f"NDCG@{k}": {s: per_query_ndcg(report, s, k) for s in systems} for k in CUTOFFS}
+    per_query = {f"NDCG@{k}": {s: per_query_ndcg(report, s, k) for s in scored} for k in CUTOFFS}
     per_query["pairs in order"] = in_order
     # per metric and variant, each query's value averaged over the variant's seeds
     means = {m: {v: seed_mean([by[s] for s in names[v]]) for v, _ in args.variant} for m, by in per_query.items()}
