@@ -49,6 +49,33 @@ def lists(negatives: Path) -> dict[str, tuple[list[str], np.ndarray]]:
     return out
 
 
+def score_orders(
+    orders: Iterable[tuple[np.ndarray, dict[str, np.ndarray]]], min_label: float
+) -> dict[str, dict[int, list[float]]]:
+    """NDCG@k (PROTOCOL.md §5) against the labels of each (labels, {name: scores}) list, per name;
+    lists whose labels are all equal are left out (every order is ideal)."""
+    scores: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for labels, by_name in orders:
+        if labels.max() == labels.min():
+            continue
+        for name, s in by_name.items():
+            for k in CUTOFFS:
+                scores[name][k].append(ndcg(labels, s, k, min_label))
+    return scores
+
+
+def print_scores(scores: dict[str, dict[int, list[float]]], pairs: Iterable[tuple[str, str]]) -> None:
+    """The mean NDCG of each order, then the paired difference of each (a, b) in `pairs`."""
+    print("| titles ordered by | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
+    print("|---|" + "---|" * len(CUTOFFS))
+    for name in scores:
+        print(f"| {name} | " + " | ".join(f"{100 * np.mean(scores[name][k]):.2f}" for k in CUTOFFS) + " |")
+    for a_name, b_name in pairs:
+        for k in CUTOFFS:
+            a, b = np.array(scores[a_name][k]), np.array(scores[b_name][k])
+            print(f"{a_name} − {b_name} NDCG@{k}: {100 * (a.mean() - b.mean()):+.2f} (p={paired_test(a, b):.3g})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
@@ -62,8 +89,7 @@ def main() -> None:
     grades = mean_labels(read_judgments(args.judgments))
     min_label = min(grades.values())
     biased, debiased = lists(args.workdir / args.biased), lists(args.workdir / args.debiased)
-    scores: dict[str, dict[int, list[float]]] = {s: defaultdict(list) for s in ("ranker", "ctr", "debiased")}
-    used = 0
+    orders = []
     for query, (listed, targets) in sorted(debiased.items()):
         if query not in biased:
             continue
@@ -72,26 +98,14 @@ def main() -> None:
         titles, relevance = [listed[i] for i in keep], targets[keep]
         # titles shown but not judged for the query are the simulator's fillers, of relevance 0
         labels = np.array([grades.get((query, t), min_label) for t in titles])
-        if labels.max() == labels.min():
-            continue  # every order is ideal
-        used += 1
-        for name, s in (
-            ("ranker", -np.arange(len(titles), dtype=float)),
-            ("ctr", np.array([ctr[t] for t in titles])),
-            ("debiased", relevance),
-        ):
-            for k in CUTOFFS:
-                scores[name][k].append(ndcg(labels, s, k, min_label))
+        ranker = -np.arange(len(titles), dtype=float)
+        orders.append((labels, {"ranker": ranker, "ctr": np.array([ctr[t] for t in titles]), "debiased": relevance}))
+    scores = score_orders(orders, min_label)
+    used = len(scores["ranker"][CUTOFFS[0]])
     print(
         f"\n{used} queries with both lists and labels that differ among their common titles ({len(debiased)} lists)\n"
     )
-    print("| titles ordered by | " + " | ".join(f"NDCG@{k}" for k in CUTOFFS) + " |")
-    print("|---|" + "---|" * len(CUTOFFS))
-    for name in scores:
-        print(f"| {name} | " + " | ".join(f"{100 * np.mean(scores[name][k]):.2f}" for k in CUTOFFS) + " |")
-    for k in CUTOFFS:
-        a, b = np.array(scores["debiased"][k]), np.array(scores["ctr"][k])
-        print(f"debiased − ctr NDCG@{k}: {100 * (a.mean() - b.mean()):+.2f} (p={paired_test(a, b):.3g})")
+    print_scores(scores, [("debiased", "ctr")])
 
 
 if __name__ == "__main__":
