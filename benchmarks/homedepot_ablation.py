@@ -44,6 +44,7 @@ from homedepot_table4 import (
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
+from jobs.simulate import PROMOTED_BRANDS
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -69,7 +70,9 @@ def main() -> None:
     p.add_argument("--ranker-noise", type=float, help="the simulated log's ranker noise (dssm simulate --ranker-noise)")
     p.add_argument("--ranker-bias", type=float, help="the simulated log's ranker bias (dssm simulate --ranker-bias)")
     p.add_argument("--promotion", type=float, help="the simulated log's brand promotion (dssm simulate --promotion)")
-    p.add_argument("--promoted-brands", help="which brands the promotion lifts (dssm simulate --promoted-brands)")
+    p.add_argument(
+        "--promoted-brands", choices=PROMOTED_BRANDS, help="which brands the promotion lifts (dssm simulate's)"
+    )
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
     p.add_argument("--test", action="store_true", help="also score the models on the test queries")
     p.add_argument(
