@@ -1,6 +1,7 @@
 """Would a prior fitted to the log (empirical Bayes) give better list targets than `map`'s fixed one?
 
     .venv/bin/python benchmarks/eb_prior.py --lists bench-work/hd-weak2/negatives-map-debiased
+    .venv/bin/python benchmarks/eb_prior.py --check   # the fit recovers known priors from simulated clicks
 
 `--lists` is a `dssm negatives --debias --list-size K --list-targets map` output. From its clean
 log's impressions and its examination curve (clipped at its `min_propensity`, as the lists were
@@ -69,8 +70,12 @@ def log_likelihoods(clicks: np.ndarray, skips: np.ndarray, theta: np.ndarray) ->
     return clicks.sum(axis=1)[:, None] * np.log(GRID)[None, :] + skips @ np.log1p(-np.outer(theta, GRID))
 
 
-def fit_prior(loglik: np.ndarray, weight: np.ndarray) -> tuple[float, float]:
-    """The Beta(α, β) maximising Σ weight · log ∫ Beta(γ; α, β) P(data | γ) dγ on the grid."""
+def fit_prior(clicks: np.ndarray, skips: np.ndarray, theta: np.ndarray) -> tuple[float, float]:
+    """The Beta(α, β) maximising Σ log ∫ Beta(γ; α, β) P(clicks, skips | γ) dγ over the pairs (rows
+    of per-rank counts), on the grid."""
+    # the likelihood depends on the total clicks and the per-rank skips alone: one per distinct row
+    counts, weight = np.unique(np.column_stack([clicks.sum(axis=1), skips]), axis=0, return_counts=True)
+    loglik = log_likelihoods(counts[:, :1], counts[:, 1:], theta)
 
     def nll(params: np.ndarray) -> float:
         return -float(weight @ logsumexp(loglik + log_prior(*np.exp(params)), axis=1))
@@ -93,11 +98,29 @@ def posterior(loglik: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.nd
     return weights @ GRID / weights.sum(axis=1), GRID[log_post.argmax(axis=1)]
 
 
+def check_fit(pairs: int = 20_000, seed: int = 0) -> None:
+    """Does `fit_prior` recover a known prior? γ of `pairs` pairs drawn from two Beta priors, each
+    pair shown Poisson(3) times at each rank 1-10 and clicked under a PBM with θ_k = 1/k."""
+    rng = np.random.default_rng(seed)
+    theta = 1.0 / np.arange(1, 11)
+    for a, b in ((2.0, 8.0), (0.5, 3.0)):
+        gamma = rng.beta(a, b, pairs)
+        shown = rng.poisson(3, (pairs, len(theta)))
+        clicks = rng.binomial(shown, theta[None, :] * gamma[:, None])
+        fa, fb = fit_prior(clicks, shown - clicks, theta)
+        print(f"true Beta({a:g}, {b:g}) -> fitted Beta({fa:.3f}, {fb:.3f})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
-    p.add_argument("--lists", type=Path, required=True, help="a `dssm negatives --debias --list-targets map` output")
+    p.add_argument("--lists", type=Path, help="a `dssm negatives --debias --list-targets map` output")
+    p.add_argument("--check", action="store_true", help="fit two known priors from simulated clicks, and stop")
     args = p.parse_args()
+    if args.check:
+        return check_fit()
+    if args.lists is None:
+        p.error("--lists is required (or --check)")
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
     manifest = require_manifest(args.lists, "negatives")
@@ -107,13 +130,10 @@ def main() -> None:
     theta = np.array(examination_curve(Path(manifest["inputs"]["propensity"]["path"]), params["min_propensity"]))
 
     pairs, clicks, skips = rank_counts(Path(manifest["inputs"]["clean"]["path"]), len(theta))
-    # the likelihood depends on the total clicks and the per-rank skips alone
-    signatures, weight = np.unique(np.column_stack([clicks.sum(axis=1), skips]), axis=0, return_counts=True)
-    loglik = log_likelihoods(signatures[:, :1], signatures[:, 1:], theta)
-    a, b = fit_prior(loglik, weight.astype(np.float64))
+    a, b = fit_prior(clicks, skips, theta)
     fixed_a, fixed_b = params["prior_clicks"] + 1, params["prior_skips"] + 1  # map's Beta(a + 1, b + 1)
     print(
-        f"{len(pairs):,} pairs ({len(signatures):,} distinct click/skip counts); curve clipped at "
+        f"{len(pairs):,} pairs; curve clipped at "
         f"{params['min_propensity']}\nfitted prior Beta({a:.3f}, {b:.3f}): mean {a / (a + b):.4f}, "
         f"worth {a + b:.2f} examinations; map's fixed Beta({fixed_a:g}, {fixed_b:g}): mean "
         f"{fixed_a / (fixed_a + fixed_b):.4f}, mode {(fixed_a - 1) / (fixed_a + fixed_b - 2):.4f}\n"
