@@ -94,12 +94,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
     inputs, params = _inputs(cfg, uri)
     manifest = publish(out, "evaluate", code_fingerprint(__name__), inputs, params, build, cfg.force)
+    seconds = round(time.perf_counter() - started, 1)
     if manifest["skipped"]:
         report = json.loads((out / "report.json").read_text())
-        return report | {"gate": json.loads((out / "gate.json").read_text()), "skipped": True}
-    report = done["report"]
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    return report
+        return report | {"gate": json.loads((out / "gate.json").read_text()), "skipped": True, "seconds": seconds}
+    return done["report"] | {"seconds": seconds}
 
 
 def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

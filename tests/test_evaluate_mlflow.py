@@ -131,6 +131,11 @@ def test_evaluate_defaults_to_a_local_store_beside_the_report(tmp_path, capsys):
     assert run.data.tags["dataset"] == f"{tmp_path.name}-judged"
     assert (tmp_path / "mlartifacts").is_dir()
 
+    # the same call again finds its output up to date: the same report, no new run
+    again = evaluate("--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "report"))
+    assert again == report and "| bm25 |" in capsys.readouterr().out
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+
 
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     judged = write_judged(tmp_path / "judged.csv")
