@@ -19,7 +19,8 @@ position bias or ranker.
    and standard deviation over seeds of NDCG@1/3/10 and of the share of differently graded title
    pairs a query's ranking puts in the grades' order (per-query concordance, averaged over queries),
    and each variant against the first (the mean of the per-seed differences, and a paired t-test
-   over queries on the seed-averaged metric);
+   over queries on the seed-averaged metric; with two seeds or more also Welch's t-test over the
+   seeds' values, which does not take one seed's luck on every query for an effect);
 4. with --test, the same models and table on the test queries (PROTOCOL.md §3), once the variants
    were chosen on the dev split.
 """
@@ -41,6 +42,7 @@ from homedepot_table4 import (
     per_query_pairs_in_order,
     seed_mean,
 )
+from scipy import stats
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
@@ -145,9 +147,11 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
     print("|---|---|" + "---|" * (len(CUTOFFS) + 1))
     bm25 = [systems["bm25"][f"ndcg@{k}"] for k in CUTOFFS] + [100 * np.mean(list(in_order["bm25"].values()))]
     print("| bm25 | | " + " | ".join(f"{v:.2f}" for v in bm25) + " |")
+    per_seed = {}
     for name, overrides in args.variant:
         columns = [[systems[s][f"ndcg@{k}"] for s in names[name]] for k in CUTOFFS]
         columns.append([100 * np.mean(list(in_order[s].values())) for s in names[name]])
+        per_seed[name] = columns
         cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.2f}" for v in columns]
         print(f"| {name} | {' '.join(overrides) or '(common config)'} | " + " | ".join(cells) + " |")
     per_query = {f"NDCG@{k}": {s: per_query_ndcg(report, s, k) for s in scored} for k in CUTOFFS}
@@ -158,6 +162,16 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
     for name, _ in args.variant[1:]:
         cells = [paired_cell(metric, by[reference], by[name]) for metric, by in means.items()]
         print(f"{name} − {reference}: " + ", ".join(cells))
+    if len(args.seeds.split(",")) > 1:
+        # The paired test above takes queries as the unit and so counts a seed's luck, shared by all
+        # its queries, as effect; with few seeds this one, with the seeds as the unit, is the stricter.
+        print("seeds as the unit (Welch's t-test over the seeds' values):")
+        for name, _ in args.variant[1:]:
+            cells = [
+                f"{metric} p={stats.ttest_ind(a, b, equal_var=False).pvalue:.3g}"
+                for metric, a, b in zip(means, per_seed[name], per_seed[reference], strict=True)
+            ]
+            print(f"  {name} − {reference}: " + ", ".join(cells))
 
 
 def system_names(runs: dict[str, list[Path]]) -> dict[str, list[str]]:
