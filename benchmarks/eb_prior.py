@@ -42,9 +42,9 @@ EDGES = np.linspace(0.0, 1.0, 201)
 GRID = (EDGES[1:] + EDGES[:-1]) / 2  # γ's grid: midpoints of 200 equal bins of (0, 1)
 
 
-def rank_counts(clean: Path, max_rank: int) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """The (query, title) pairs shown in `clean/impressions` at ranks ≤ R, and per pair its clicks
-    and its skips (shown, not clicked) at each rank 1..R: two arrays of R columns."""
+def rank_counts(clean: Path) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The (query, title) pairs shown in `clean/impressions`, and per pair its clicks and its skips
+    (shown, not clicked) at each rank 1..R, R the lowest rank shown: two arrays of R columns."""
     table = pq.read_table(clean / "impressions", columns=["query", "titles", "positions", "clicked"])
     row = pc.list_parent_indices(table["titles"])
     cells = pd.DataFrame(
@@ -55,11 +55,11 @@ def rank_counts(clean: Path, max_rank: int) -> tuple[pd.DataFrame, np.ndarray, n
             "click": pc.list_flatten(table["clicked"]).to_numpy(zero_copy_only=False).astype(np.int64),
         }
     )
-    cells = cells[cells["rank"] <= max_rank].assign(skip=lambda c: 1 - c["click"])
+    cells = cells.assign(skip=1 - cells["click"])
     per_rank = cells.pivot_table(
         index=["query", "title"], columns="rank", values=["click", "skip"], aggfunc="sum", fill_value=0
     )
-    ranks = range(1, max_rank + 1)
+    ranks = range(1, int(cells["rank"].max()) + 1)
     clicks, skips = (per_rank[v].reindex(columns=ranks, fill_value=0).to_numpy(np.float64) for v in ("click", "skip"))
     return per_rank.index.to_frame(index=False), clicks, skips
 
@@ -127,9 +127,10 @@ def main() -> None:
     params = manifest["params"]
     if not (params.get("debias") and params.get("list_size") and params.get("list_targets") == "map"):
         sys.exit(f"{args.lists}: build it with `dssm negatives --debias --list-size K --list-targets map`")
-    theta = np.array(examination_curve(Path(manifest["inputs"]["propensity"]["path"]), params["min_propensity"]))
-
-    pairs, clicks, skips = rank_counts(Path(manifest["inputs"]["clean"]["path"]), len(theta))
+    curve = examination_curve(Path(manifest["inputs"]["propensity"]["path"]), params["min_propensity"])
+    pairs, clicks, skips = rank_counts(Path(manifest["inputs"]["clean"]["path"]))
+    # ranks past the curve's end take its last value, as `dssm negatives` does
+    theta = np.array(curve + [curve[-1]] * (clicks.shape[1] - len(curve)))[: clicks.shape[1]]
     a, b = fit_prior(clicks, skips, theta)
     fixed_a, fixed_b = params["prior_clicks"] + 1, params["prior_skips"] + 1  # map's Beta(a + 1, b + 1)
     print(
@@ -139,9 +140,8 @@ def main() -> None:
         f"{fixed_a / (fixed_a + fixed_b):.4f}, mode {(fixed_a - 1) / (fixed_a + fixed_b - 2):.4f}\n"
     )
 
-    listed = lists(args.lists)
+    listed = dict(sorted(lists(args.lists).items()))
     index = {(q, t): i for i, (q, t) in enumerate(zip(pairs["query"], pairs["title"], strict=True))}
-    listed = dict(sorted(listed.items()))
     rows = np.array([index[q, t] for q, (titles, _) in listed.items() for t in titles])
     mean, mode = posterior(log_likelihoods(clicks[rows], skips[rows], theta), a, b)
     ratio = clicks[rows].sum(axis=1) / ((clicks[rows] + skips[rows]) @ theta)
