@@ -118,7 +118,8 @@ def main() -> None:
     p.add_argument("--check", action="store_true", help="fit two known priors from simulated clicks, and stop")
     args = p.parse_args()
     if args.check:
-        return check_fit()
+        check_fit()
+        return
     if args.lists is None:
         p.error("--lists is required (or --check)")
     if not args.judgments.exists():
