@@ -607,5 +607,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_rank(code: int) -> None:
+    """Leave a torchrun rank without interpreter finalisation. The process group is destroyed by then
+    (train's finally), but gloo's C++ threads can outlive it in objects freed only at finalisation,
+    where a still-joinable std::thread aborts the rank ("terminate called without an active
+    exception", SIGABRT) after a finished run, and torchrun reports the run failed. Everything a rank
+    writes (checkpoint, summary, MLflow run) is closed before train returns."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(code)
+    sys.exit(code)
