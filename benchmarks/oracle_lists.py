@@ -13,6 +13,10 @@ attract_min)·(4^grade − 1)/3, grade = the judged label scaled to [0, 1]; the 
 fillers, unjudged for the query, get grade 0). No estimate from clicks can do better, so a model
 trained on these lists bounds what debiasing the list targets can gain on that log.
 The output gets its own manifest (params.list_targets = "oracle"), so training accepts it.
+
+`--only-clicked` keeps the true attractiveness only of the titles the log clicked for the query
+(the input's target > 0) and gives the others 0, as any click-based target does: a model trained on
+those lists shows how much of the oracle's gain lies in titles the log never clicked.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def main() -> None:
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT, help="the judged set the log was simulated from")
     p.add_argument("--negatives", type=Path, required=True, help="a `dssm negatives --list-size K` output")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--only-clicked", action="store_true", help="0 for every title the input's targets give 0 (never clicked)"
+    )
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
@@ -57,17 +64,27 @@ def main() -> None:
     for path in sorted(tmp.glob("*/*.parquet")):
         table = pq.read_table(path)
         targets = []
-        for query, shown in zip(table["query"].to_pylist(), table["shown"].to_pylist(), strict=True):
+        rows = zip(table["query"].to_pylist(), table["shown"].to_pylist(), table["relevance"].to_pylist(), strict=True)
+        for query, shown, observed in rows:
             labels = [grades.get((query, title)) for title in shown]
             judged += sum(g is not None for g in labels)
             unjudged += sum(g is None for g in labels)
             grade = np.array([0.0 if g is None else (g - low) / (high - low) for g in labels])
-            targets.append(attractiveness(grade, model).tolist())
+            target = attractiveness(grade, model)
+            if args.only_clicked:
+                target = np.where(np.array(observed) > 0, target, 0.0)
+            targets.append(target.tolist())
         field = table.schema.field("relevance")
         table = table.set_column(table.schema.get_field_index("relevance"), field, pa.array(targets, field.type))
         pq.write_table(table, path)
     upstream = read_manifest(tmp) or {}
-    write_manifest(tmp, {**upstream, "params": {**upstream["params"], "list_targets": "oracle"}})
+    write_manifest(
+        tmp,
+        {
+            **upstream,
+            "params": {**upstream["params"], "list_targets": "oracle-clicked" if args.only_clicked else "oracle"},
+        },
+    )
     tmp.rename(args.out)
     print(f"{judged:,} listed titles judged for their query, {unjudged:,} not (fillers, grade 0) -> {args.out}")
 
