@@ -12,7 +12,8 @@ position bias or ranker.
 1. the data stages of `dssm run` (simulate, clean, vocab, negatives; as `make table4`) prepare WORKDIR;
 2. each variant × seed trains with `dssm train` into WORKDIR/train/ablation-VARIANT-sSEED, on the
    same negatives, with homedepot_table4's chosen config, then the variant's KEY=VALUEs, then seed=
-   (`--resume`: a finished run is kept, a killed one continues from its checkpoint);
+   (`--resume`: a finished run is kept, a killed one continues from its checkpoint), seed by seed;
+   `--train-only` stops here (a study too long for one sitting trains over several calls);
 3. one `dssm evaluate --dev` scores every model of this call's variants on the validation queries
    (train queries whose clicks were held out of training: never the test queries) into
    WORKDIR/ablation-dev (`--report NAME`: WORKDIR/NAME-dev), and the script prints, per variant, the mean
@@ -67,7 +68,7 @@ def main() -> None:
         metavar="NAME=KEY=VALUE;KEY=VALUE",
         help="a config variant (repeatable); the first is the reference",
     )
-    p.add_argument("--seeds", default="1,2,3", help="training seeds (default: %(default)s)")
+    p.add_argument("--seeds", default="1,2,3", help="training seeds, e.g. 1,2,3 or 11-55 (default: %(default)s)")
     p.add_argument("--eta", type=float, help="the simulated log's position bias (dssm simulate --eta)")
     p.add_argument("--ranker-noise", type=float, help="the simulated log's ranker noise (dssm simulate --ranker-noise)")
     p.add_argument("--ranker-bias", type=float, help="the simulated log's ranker bias (dssm simulate --ranker-bias)")
@@ -77,6 +78,11 @@ def main() -> None:
     )
     p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
     p.add_argument("--test", action="store_true", help="also score the models on the test queries")
+    p.add_argument(
+        "--train-only",
+        action="store_true",
+        help="train the runs and stop: a study planned at N seeds is trained over several calls and read once, at N",
+    )
     p.add_argument(
         "--report",
         default="ablation",
@@ -98,8 +104,8 @@ def main() -> None:
     dssm("propensity", "--clean", str(layout.clean), "--out", str(layout.propensity))
     dssm("vocab", "--clean", str(layout.clean), "--out", str(layout.vocab))
     dssm("negatives", "--clean", str(layout.clean), "--out", str(layout.negatives))
-    seeds = [int(s) for s in args.seeds.split(",")]
-    runs: dict[str, list[Path]] = {}
+    seeds = parse_seeds(args.seeds)
+    variants = []
     for name, overrides in args.variant:
         # A negatives.* override is a variant of the data: its own negatives, trained on.
         data = [o.removeprefix("negatives.").split("=", 1) for o in overrides if o.startswith("negatives.")]
@@ -111,12 +117,18 @@ def main() -> None:
             dssm("negatives", "--clean", str(layout.clean), "--out", str(variant_negatives), *options)
             overrides = [o for o in overrides if not o.startswith("negatives.")]
             overrides.append(f"data.negatives={variant_negatives}")
-        for seed in seeds:
+        variants.append((name, overrides))
+    runs: dict[str, list[Path]] = {name: [] for name, _ in variants}
+    # seed by seed, every variant: a study stopped part way has as many seeds of each
+    for seed in seeds:
+        for name, overrides in variants:
             out = layout.train(f"ablation-{name}-s{seed}")
-            runs.setdefault(name, []).append(out)
+            runs[name].append(out)
             # --resume: trains afresh, continues a killed run, or does nothing when the run finished
             config = [*args.train, *overrides, f"seed={seed}", f"out={out}"]
             dssm("train", "--workdir", str(layout.workdir), "--resume", *config)
+    if args.train_only:
+        return
     models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", "--no-register", *models]
     dev, test = (layout.workdir / f"{args.report}-{split}" for split in ("dev", "test"))
@@ -125,6 +137,15 @@ def main() -> None:
     if args.test:
         dssm(*evaluate, "--out", str(test))
         table(test, "test split (PROTOCOL.md §3)", args, runs)
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """`1,2,3`, `11-55` or a mix (`1,4-6`) -> the seeds in that order."""
+    seeds = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        seeds += list(range(int(first), int(last or first) + 1))
+    return seeds
 
 
 def negatives_options(key: str, value: str) -> list[str]:
