@@ -196,19 +196,15 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
 
 
 def system_names(runs: dict[str, list[Path]]) -> dict[str, list[str]]:
-    """The names `dssm evaluate` gives the models (evaluation.systems.unique_names): the first model of
-    an encoder is named after the encoder, the others after their run directories."""
+    """The names `dssm evaluate` gives the models (evaluation.systems.unique_names): a lone model of an
+    encoder is named after the encoder, several after their run directories."""
+    from collections import Counter
+
     from modeling.checkpoint import read_checkpoint
 
-    seen: set[str] = set()
-    names: dict[str, list[str]] = {}
-    for variant, outs in runs.items():
-        for out in outs:
-            encoder = read_checkpoint(out)["config"]["model"]["encoder"]
-            name = out.name if encoder in seen else encoder
-            seen.add(name)
-            names.setdefault(variant, []).append(name)
-    return names
+    encoders = {out: read_checkpoint(out)["config"]["model"]["encoder"] for outs in runs.values() for out in outs}
+    shared = Counter(encoders.values())
+    return {v: [out.name if shared[encoders[out]] > 1 else encoders[out] for out in outs] for v, outs in runs.items()}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,15 +116,18 @@ def _from_mlflow(uri: str) -> System:
 
 
 def unique_names(systems: list[System]) -> None:
-    """Two models of the same encoder stay apart: the second takes its run directory's name (a
-    `dssm train` out dir such as train/lstm-para), else a short hash suffix."""
-    seen: set[str] = set()
+    """Models of one encoder stay apart, and none of them passes for the others: where several share a
+    name, each takes its run directory's name (a `dssm train` out dir such as train/lstm-para), else
+    that name with a short hash suffix. A lone model keeps its encoder's name."""
+    shared = {name for name, n in Counter(s.name for s in systems).items() if n > 1}
+    seen: set[str] = {s.name for s in systems if s.name not in shared}
     for s in systems:
-        if s.name in seen:
-            run_dir = s.checkpoint.parent.name if s.checkpoint is not None else ""
-            if run_dir and run_dir not in seen and not s.tags.get("model_uri"):
-                s.name = run_dir
-            else:
-                key = s.tags.get("checkpoint_sha256") or s.tags.get("model_uri") or str(len(seen))
-                s.name = f"{s.name}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
+        if s.name not in shared:
+            continue
+        run_dir = s.checkpoint.parent.name if s.checkpoint is not None else ""
+        if run_dir and run_dir not in seen and not s.tags.get("model_uri"):
+            s.name = run_dir
+        else:
+            key = s.tags.get("checkpoint_sha256") or s.tags.get("model_uri") or str(len(seen))
+            s.name = f"{s.name}-{hashlib.sha256(key.encode()).hexdigest()[:6]}"
         seen.add(s.name)

@@ -154,6 +154,13 @@ def test_two_models_of_one_encoder_get_distinct_names():
     unique_names(systems)
     names = [s.name for s in systems]
     assert names[:2] == ["lstm", "lstm-para"] and names[2].startswith("lstm-") and len(set(names)) == 3
+    # the first of several is not named after the encoder as if it were the only one
+    systems = [trained("/a/train/ablation-x-s1", "1"), trained("/a/train/ablation-x-s2", "2")]
+    unique_names(systems)
+    assert [s.name for s in systems] == ["ablation-x-s1", "ablation-x-s2"]
+    lone = [trained("/a/train/ablation-x-s1", "1")]
+    unique_names(lone)
+    assert lone[0].name == "lstm"
 
 
 def test_hybrid_weight_follows_the_dev_split():
