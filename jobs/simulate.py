@@ -180,6 +180,8 @@ def promotion_rule(train: dict[str, dict[str, float]], promoted_brands: str = "h
     train queries' `weakest_brands`."""
     if promoted_brands == "hashed":
         return promoted_brand
+    if promoted_brands != "weakest":
+        raise DssmError(f"promoted brands must be one of {PROMOTED_BRANDS}, got {promoted_brands!r}")
     weakest = weakest_brands(train)
     return lambda title: brand(title) in weakest
 

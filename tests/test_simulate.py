@@ -193,8 +193,10 @@ def test_the_weakest_brands_are_a_quarter_of_the_titles_and_less_relevant(defaul
     """`promoted_brands="weakest"`: the ranker lifts the brands of lowest mean label, so a model that
     learns the promotion from uncorrected clicks ranks less relevant titles up."""
     import numpy as np
+    import pytest
 
-    from jobs.simulate import brand, build_catalogue, split_judgments, weakest_brands
+    from core.errors import DssmError
+    from jobs.simulate import brand, build_catalogue, promotion_rule, split_judgments, weakest_brands
 
     train = split_judgments(default_pairs)[0]
     cat = build_catalogue(train, seed=13, promoted_brands="weakest")
@@ -206,3 +208,5 @@ def test_the_weakest_brands_are_a_quarter_of_the_titles_and_less_relevant(defaul
     assert relevance[promoted].mean() < relevance[~promoted].mean() - 0.02  # Home Depot: 0.15 apart
     hashed = build_catalogue(train, seed=13).promoted  # the default: independent of relevance
     assert abs(relevance[hashed[cat.judged[rows, cols]]].mean() - relevance.mean()) < 0.1
+    with pytest.raises(DssmError, match="promoted brands must be one of"):
+        promotion_rule(train, "strongest")  # a typo is not taken for "weakest"
