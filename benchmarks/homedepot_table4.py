@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,10 +46,14 @@ BASELINES = "bm25,doc2vec,ulm,plsa,minilm"
 
 
 def dssm(*args: str) -> None:
+    """Run a dssm command, tracked in the workdir's own MLflow store: a shell set up for the local
+    stack (`eval "$(dssm stack env)"`) must not register benchmark models in the team's registry
+    and move its champion alias."""
     cmd = [str(Path(sys.executable).parent / "dssm"), *args]
     print("+", " ".join(cmd), flush=True)
     started = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    subprocess.run(cmd, check=True, env=env)
     print(f"  ({time.perf_counter() - started:.0f}s)", flush=True)
 
 
