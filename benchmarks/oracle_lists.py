@@ -60,7 +60,8 @@ def main() -> None:
     tmp = args.out.with_name(args.out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(args.negatives, tmp)
-    judged = unjudged = 0
+    judged = unjudged = zeroed = 0
+    mass = zeroed_mass = 0.0
     for path in sorted(tmp.glob("*/*.parquet")):
         table = pq.read_table(path)
         targets = []
@@ -72,7 +73,10 @@ def main() -> None:
             grade = np.array([0.0 if g is None else (g - low) / (high - low) for g in labels])
             target = attractiveness(grade, model)
             if args.only_clicked:
-                target = np.where(np.array(observed) > 0, target, 0.0)
+                never_clicked = np.array(observed) <= 0
+                zeroed += int(never_clicked.sum())
+                mass, zeroed_mass = mass + target.sum(), zeroed_mass + target[never_clicked].sum()
+                target = np.where(never_clicked, 0.0, target)
             targets.append(target.tolist())
         field = table.schema.field("relevance")
         table = table.set_column(table.schema.get_field_index("relevance"), field, pa.array(targets, field.type))
@@ -87,6 +91,12 @@ def main() -> None:
     )
     tmp.rename(args.out)
     print(f"{judged:,} listed titles judged for their query, {unjudged:,} not (fillers, grade 0) -> {args.out}")
+    if args.only_clicked:
+        slots = judged + unjudged
+        print(
+            f"never clicked, set to 0: {zeroed:,} of {slots:,} listed titles ({zeroed / slots:.1%}), "
+            f"{zeroed_mass / mass:.1%} of the oracle's target mass"
+        )
 
 
 if __name__ == "__main__":
