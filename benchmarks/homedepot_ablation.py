@@ -183,7 +183,7 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
     for name, _ in args.variant[1:]:
         cells = [paired_cell(metric, by[reference], by[name]) for metric, by in means.items()]
         print(f"{name} − {reference}: " + ", ".join(cells))
-    if len(args.seeds.split(",")) > 1 and len(args.variant) > 1:
+    if len(parse_seeds(args.seeds)) > 1 and len(args.variant) > 1:
         # The paired test above takes queries as the unit and so counts a seed's luck, shared by all
         # its queries, as effect; with a few seeds this one, with the seeds as the unit, is the honest one.
         print("seeds as the unit (Welch's t-test over the seeds' values):")
