@@ -126,7 +126,7 @@ def day_start_ms(day: str) -> int:
 
 
 @dataclass
-class Catalogue:
+class JudgedQueries:
     """Train queries with their judged titles as padded arrays (the simulator's hot data)."""
 
     queries: list[str]
@@ -215,7 +215,7 @@ def split_judgments(pairs: list[JudgedPair]) -> tuple[dict[str, dict[str, float]
     return train, test
 
 
-def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_brands: str = "hashed") -> Catalogue:
+def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_brands: str = "hashed") -> JudgedQueries:
     if not train:
         raise DssmError("the judged set has no train query to simulate (all queries are test queries or empty)")
     titles = sorted({t for judged in train.values() for t in judged})
@@ -239,7 +239,7 @@ def build_catalogue(train: dict[str, dict[str, float]], seed: int, promoted_bran
     def fragment(title: str, shown: str) -> str:
         return f'"doc_id":"{_doc_id(title)}","title":{orjson.dumps(shown).decode()}'
 
-    return Catalogue(
+    return JudgedQueries(
         queries=queries,
         title_json=[fragment(t, t) for t in titles],
         title_json_dirty=[fragment(t, _dirty_title(t)) for t in titles],
@@ -292,7 +292,12 @@ class _ShardWriter:
     """Formats impressions as JSON lines, adding per-line dirt (duplicates, malformed lines)."""
 
     def __init__(
-        self, cat: Catalogue, cfg: SimulationConfig, shard: int, rng: np.random.Generator, emit: Callable[[str], None]
+        self,
+        cat: JudgedQueries,
+        cfg: SimulationConfig,
+        shard: int,
+        rng: np.random.Generator,
+        emit: Callable[[str], None],
     ):
         self.cat, self.cfg, self.shard, self.rng, self.emit = cat, cfg, shard, rng, emit
         self.prefix = cfg.span()[3]
@@ -344,7 +349,7 @@ class _ShardWriter:
                 self.lines += 1
 
 
-def ranker_errors(cat: Catalogue, model: ClickModel, seed: int) -> np.ndarray:
+def ranker_errors(cat: JudgedQueries, model: ClickModel, seed: int) -> np.ndarray:
     """The ranker's persistent score error per (query, judged title), (Q, L): N(0, ranker_bias²),
     the same in every shard (its own generator, so the other draws do not change with it)."""
     if model.ranker_bias == 0:
@@ -358,7 +363,7 @@ def attractiveness(grade: np.ndarray, model: ClickModel) -> np.ndarray:
 
 
 def _rank_and_click(
-    cat: Catalogue,
+    cat: JudgedQueries,
     model: ClickModel,
     rng: np.random.Generator,
     query_ids: np.ndarray,
@@ -393,7 +398,7 @@ def _rank_and_click(
     return shown, clicked, dwell
 
 
-def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path) -> dict[str, int]:
+def simulate_shard(cat: JudgedQueries, cfg: SimulationConfig, shard: int, path: Path) -> dict[str, int]:
     """Write one shard's lines to `path`; returns its counts."""
     shards = cfg.shard_count()
     total = cfg.impressions // shards + (1 if shard < cfg.impressions % shards else 0)
@@ -462,7 +467,7 @@ def simulate_shard(cat: Catalogue, cfg: SimulationConfig, shard: int, path: Path
     return {"impressions": total, "bot_impressions": bots, "lines": writer.lines}
 
 
-def _shard_job(args: tuple[Catalogue, SimulationConfig, int, Path]) -> dict[str, int]:
+def _shard_job(args: tuple[JudgedQueries, SimulationConfig, int, Path]) -> dict[str, int]:
     return simulate_shard(*args)
 
 
@@ -544,7 +549,7 @@ def simulate(
     return publish(out, "simulate", code_fingerprint(__name__), {"judgments": source}, params, build, force)
 
 
-def write_catalogue(cat: Catalogue, path: Path) -> None:
+def write_catalogue(cat: JudgedQueries, path: Path) -> None:
     """The catalogue side table of a v2 log: every title's doc id and title."""
     table = pa.table({"doc_id": [_doc_id(t) for t in cat.titles], "title": cat.titles}, schema=CATALOGUE)
     pq.write_table(table, path)
