@@ -118,7 +118,7 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
 
 @pytest.mark.parametrize("encoder", ["lstm", "avg"])  # avg: the row-wise table is its only parameter (no DDP)
 def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder):
-    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.5"]
+    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1"]
     one = dssm_train(*common, f"out={tmp_path / 'one'}", f"mlflow_uri=sqlite:///{tmp_path}/one.db")
     assert one.returncode == 0, one.stderr
     two = dssm_train("--nproc", "2", *common, f"out={tmp_path / 'two'}", f"mlflow_uri=sqlite:///{tmp_path}/two.db")
@@ -126,8 +126,10 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, enc
     a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
     assert a["step"] == b["step"] == 8
     for name, tensor in a["model"].items():
-        # float32 summation order differs between one batch and two all-reduced halves: ~4e-6 at lr 0.5
-        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=name)
+        # float32 summation order differs between one batch and two all-reduced halves: ~4e-7 after 8
+        # steps at lr 0.1. At lr 0.5 the tiny LSTM saturates (biases ~19) and amplifies it to 1e-4 on
+        # some CPUs, where one step still agrees to 2e-7.
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").search_runs(
         [mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").get_experiment_by_name("dssm-train").experiment_id]
     )
@@ -137,7 +139,7 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, enc
 def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_data, tmp_path):
     """infra/README.md's multi-node command, with two torchrun agents ("nodes", one process each)
     meeting through the c10d rendezvous on 127.0.0.1 instead of --standalone."""
-    overrides = [*TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.5"]
+    overrides = [*TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.1"]  # lr: as the test above
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "dssm-test"]
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *rendezvous]
     node += ["-m", "modeling.train", "--workdir", str(tiny_data), *overrides, f"out={tmp_path / 'two'}"]
@@ -150,7 +152,7 @@ def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_da
     a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
     assert a["step"] == b["step"] == 8
     for name, tensor in a["model"].items():
-        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_a_killed_run_resumes_and_reproduces_the_loss_curve(tmp_path):
