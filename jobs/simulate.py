@@ -175,13 +175,17 @@ def weakest_brands(train: dict[str, dict[str, float]], share: float = 0.25) -> s
     return chosen
 
 
+def check_promoted_brands(name: str) -> None:
+    if name not in PROMOTED_BRANDS:
+        raise DssmError(f"promoted brands must be one of {PROMOTED_BRANDS}, got {name!r}")
+
+
 def promotion_rule(train: dict[str, dict[str, float]], promoted_brands: str = "hashed") -> Callable[[str], bool]:
     """Whether the ranker promotes a title: `promoted_brand`, or with "weakest" a brand among the
     train queries' `weakest_brands`."""
     if promoted_brands == "hashed":
         return promoted_brand
-    if promoted_brands != "weakest":
-        raise DssmError(f"promoted brands must be one of {PROMOTED_BRANDS}, got {promoted_brands!r}")
+    check_promoted_brands(promoted_brands)
     weakest = weakest_brands(train)
     return lambda title: brand(title) in weakest
 
@@ -502,8 +506,7 @@ def simulate(
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
     if cfg.log_format not in FORMAT_VERSIONS:
         raise DssmError(f"log format must be one of {FORMAT_VERSIONS}, got {cfg.log_format}")
-    if cfg.model.promoted_brands not in PROMOTED_BRANDS:
-        raise DssmError(f"promoted brands must be one of {PROMOTED_BRANDS}, got {cfg.model.promoted_brands!r}")
+    check_promoted_brands(cfg.model.promoted_brands)
     cfg.span()  # a bad day fails here
     params = {
         "impressions": cfg.impressions,
