@@ -4,7 +4,7 @@ VENV := .venv
 READY := $(VENV)/.ready
 ARGS ?=
 
-.PHONY: run test lint bench table4 stack-up stack-down clean-work
+.PHONY: run test test-fast lint bench table4 stack-up stack-down clean-work
 
 $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,18 @@ test: $(READY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(ARGS)
 
+## test-fast: ruff, then the unit tests only (not those marked `integration`: real data, multi-process runs)
+test-fast: $(READY)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -m "not integration" $(ARGS)
+
+## bench: the data jobs' throughput, clean, vocab and negatives (benchmarks/jobs_bench.py; BENCHMARKS.md)
 bench: $(READY)
 	$(VENV)/bin/python benchmarks/jobs_bench.py $(ARGS)
 
 ## table4: Palangi et al.'s Table IV on Home Depot from the raw judged file (needs ../shared/data)
 table4: $(READY)
-	$(VENV)/bin/python benchmarks/homedepot_table4.py $(ARGS)
+	$(VENV)/bin/python reproductions/homedepot_table4.py $(ARGS)
 
 ## stack-up / stack-down: the local stack (Prefect server, MLflow server, Spark master + worker); infra/README.md
 stack-up: $(READY)

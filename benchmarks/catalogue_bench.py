@@ -1,6 +1,6 @@
 """Retrieval from the whole catalogue: quality on the test queries, latency, index build and memory.
 
-    python benchmarks/catalogue_bench.py --model bench-work/hd/train/lstm/last.pt \
+    python benchmarks/catalogue_bench.py --model bench-work/hd/train/lstm/last.pt \\
         --dev bench-work/hd/negatives --synthetic 1000000
 
 Home Depot's test queries (PROTOCOL.md §3-4) each retrieve from every distinct title of the judged
@@ -21,20 +21,19 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
+
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from core.judgments import JudgedSetSpec, resolve_judged_set
+from core.text import norm
+from evaluation.protocol import build_eval_set, paired_test, relevant_threshold
+from retrieval.bm25 import CatalogueBM25
+from retrieval.index import IndexConfig, build_faiss
+from retrieval.quality import catalogue_metrics
+from retrieval.retriever import Retriever, unit_rows
+from scripts_common import HOME_DEPOT, ROOT
 
-from core.judgments import JudgedSetSpec, resolve_judged_set  # noqa: E402
-from core.text import norm  # noqa: E402
-from evaluation.protocol import build_eval_set, paired_test, relevant_threshold  # noqa: E402
-from retrieval.bm25 import CatalogueBM25  # noqa: E402
-from retrieval.index import IndexConfig, build_faiss  # noqa: E402
-from retrieval.quality import catalogue_metrics  # noqa: E402
-from retrieval.retriever import Retriever, unit_rows  # noqa: E402
-
-HOME_DEPOT = ROOT.parent / "shared/data/homedepot-search-relevance/train.csv.zip"
 DEPTH = 100
 
 

@@ -17,47 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
 import psutil
 
 from core.layout import Layout
+from scripts_common import HOME_DEPOT, ROOT, run_measured
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("simulate", "clean", "vocab", "negatives")
-HOME_DEPOT = ROOT.parent / "shared" / "data" / "homedepot-search-relevance" / "train.csv.zip"
-
-
-def run_measured(args: list[str]) -> tuple[float, float]:
-    """(seconds, peak RSS in GiB of the process tree) of `dssm ARGS`."""
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "dssm.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        root = psutil.Process(proc.pid)
-        while not done.is_set():
-            try:
-                tree = [root, *root.children(recursive=True)]
-                peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
-            except psutil.Error:
-                pass
-            time.sleep(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    output, _ = proc.communicate()
-    done.set()
-    sampler.join()
-    if proc.returncode != 0:
-        sys.exit(f"dssm {' '.join(args)} failed:\n{output.decode()[-3000:]}")
-    return time.perf_counter() - started, peak / 2**30
 
 
 def main() -> None:

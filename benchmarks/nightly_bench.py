@@ -20,14 +20,15 @@ import argparse
 import json
 import platform
 import shutil
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
+
 import psutil
-from jobs_bench import HOME_DEPOT, run_measured  # this directory is on sys.path when run as a script
 
 from core.layout import Layout
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts_common import HOME_DEPOT, ROOT, run_measured
 
 
 def main() -> None:

@@ -14,23 +14,18 @@ import argparse
 import json
 import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 
-import psutil
-from jobs_bench import HOME_DEPOT  # this directory is on sys.path when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
-ROOT = Path(__file__).resolve().parents[1]
+import psutil
+
+from scripts_common import HOME_DEPOT, ROOT
 
 
 def main() -> None:
-    from core.judgments import JudgedSetSpec, resolve_judged_set
-    from jobs.catalogue import DEFAULT_CATALOGUE
-    from jobs.clean import clean
-    from jobs.propensity import propensity, read_curve
-    from jobs.simulate import ClickModel, SimulationConfig, simulate
-    from jobs.spark import get_spark
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impressions", type=lambda s: int(s.replace("_", "")), default=200_000)
     parser.add_argument("--etas", type=float, nargs="+", default=[1.0, 1.5, 2.0])
@@ -41,6 +36,13 @@ def main() -> None:
         "--judgments", type=Path, default=HOME_DEPOT if HOME_DEPOT.exists() else None, help="default: Home Depot"
     )
     args = parser.parse_args()
+    # imported once the arguments are read: --help answers without starting Spark's libraries
+    from core.judgments import JudgedSetSpec, resolve_judged_set
+    from jobs.catalogue import DEFAULT_CATALOGUE
+    from jobs.clean import clean
+    from jobs.propensity import propensity, read_curve
+    from jobs.simulate import ClickModel, SimulationConfig, simulate
+    from jobs.spark import get_spark
 
     judged = resolve_judged_set(args.judgments, JudgedSetSpec(), DEFAULT_CATALOGUE)
     pairs = judged.pairs()

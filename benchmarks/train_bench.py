@@ -20,12 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.layout import Layout
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts_common import ROOT
 
 # (label, encoder, overrides)
 CONFIGS = {

@@ -35,7 +35,9 @@ def test_a_stage_fingerprint_covers_the_project_modules_it_imports_and_nothing_e
     modules = code_modules("jobs.negatives")
     assert {"jobs.negatives", "jobs.spark", "jobs.schemas", "core.artifacts", "core.errors"} <= set(modules)
     assert "jobs.clean" not in modules and "modeling.train" not in modules
-    assert not any(m.startswith(("tests", "benchmarks", "docs")) for m in modules)
+    assert not any(
+        m.startswith(("tests", "benchmarks", "reproductions", "studies", "scripts_common", "docs")) for m in modules
+    )
     # lazy imports inside functions count: evaluation reaches the model code through load_trained
     assert "modeling.encoders" in code_modules("evaluation.evaluate")
     assert "modeling.encoders" in code_modules("modeling.train")

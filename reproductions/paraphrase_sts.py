@@ -1,6 +1,6 @@
 """Wieting & Gimpel 2017's comparison on our data, with one command:
 
-    .venv/bin/python benchmarks/paraphrase_sts.py
+    .venv/bin/python reproductions/paraphrase_sts.py
 
 1. `dssm paraphrase` reads the Wiki-Auto normal -> simple pairs (../shared/data), `dssm vocab` and
    `dssm negatives -n 0` prepare them like click pairs;
@@ -11,7 +11,7 @@
 
 The supervised setting trains on a scored set's high-scoring train pairs instead, e.g.
 
-    .venv/bin/python benchmarks/paraphrase_sts.py --pairs ../shared/data/stsbenchmark/sts-train.csv \
+    .venv/bin/python reproductions/paraphrase_sts.py --pairs ../shared/data/stsbenchmark/sts-train.csv \\
         --format stsb --min-score 4 --workdir bench-work/sts-sup --configs gran --set epochs=20 --no-minilm
 """
 
@@ -21,12 +21,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from homedepot_table4 import dssm  # the benchmarks' one way to run a dssm command
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
 from core.layout import Layout
+from scripts_common import SHARED_DATA, dssm
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-WIKI_AUTO = SHARED / "wikiauto-gem2021-valid" / "valid.tsv.gz"
+WIKI_AUTO = SHARED_DATA / "wikiauto-gem2021-valid" / "valid.tsv.gz"
 CLICK_LSTM = Path("bench-work/hd/train/lstm")
 COMMON = ["epochs=5", "data.batch_size=100", "model.ncell=128", "optim.name=adam", "optim.lr=0.001", "seed=1"]
 FORGET = ["model.forget_gate=true", "model.peepholes=true"]  # the LSTM of Wieting & Gimpel's code (lasagne's)

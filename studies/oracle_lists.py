@@ -1,9 +1,9 @@
 """The most listwise targets could give: a `dssm negatives --list-size K` output whose targets are
 the simulator's own attractiveness of each shown title, computed from the human grades.
 
-    .venv/bin/python benchmarks/oracle_lists.py --negatives bench-work/hd-ranker/negatives-listwise-map-debiased \\
+    .venv/bin/python studies/oracle_lists.py --negatives bench-work/hd-ranker/negatives-listwise-map-debiased \\
         --out bench-work/hd-ranker/negatives-oracle
-    .venv/bin/python benchmarks/homedepot_ablation.py --workdir bench-work/hd-ranker --eta 2 --ranker-bias 0.5 \\
+    .venv/bin/python studies/homedepot_ablation.py --workdir bench-work/hd-ranker --eta 2 --ranker-bias 0.5 \\
         --seeds 1,2 --variant 'clicks=' \\
         --variant 'oracle=data.negatives=bench-work/hd-ranker/negatives-oracle;loss.listwise=0.5'
 
@@ -24,17 +24,29 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from debias_targets import mean_labels
-from homedepot_table4 import HOME_DEPOT
 
 from core.artifacts import read_manifest, require_manifest, write_manifest
-from core.judgments import read_judgments
+from core.judgments import JudgedPair, read_judgments
+from core.text import norm
 from jobs.simulate import ClickModel, attractiveness
+from scripts_common import HOME_DEPOT
+
+
+def mean_labels(pairs: Iterable[JudgedPair]) -> dict[tuple[str, str], float]:
+    """The mean label of every judged (query, title), both normalised as the clean log has them."""
+    labels: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for pair in pairs:
+        labels[norm(pair.query), norm(pair.title)].append(pair.label)
+    return {pair: float(np.mean(values)) for pair, values in labels.items()}
 
 
 def main() -> None:

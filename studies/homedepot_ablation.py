@@ -1,6 +1,6 @@
 """Dev-split ablations on Home Depot: seed means and spreads of config variants of one encoder.
 
-    .venv/bin/python benchmarks/homedepot_ablation.py \\
+    .venv/bin/python studies/homedepot_ablation.py \\
         --variant separate= --variant shared=model.shared_towers=true --seeds 1,2,3
 
 A variant's `negatives.KEY=VALUE`s (e.g. `negatives.skip_above=0.5`) build its own negatives
@@ -33,21 +33,16 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
+
 import numpy as np
-from homedepot_table4 import (
-    CHOSEN,
-    HOME_DEPOT,
-    dssm,
-    paired_cell,
-    per_query_ndcg,
-    per_query_pairs_in_order,
-    seed_mean,
-)
 from scipy import stats
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
 from jobs.simulate import PROMOTED_BRANDS
+from reproductions.homedepot_table4 import CHOSEN
+from scripts_common import HOME_DEPOT, dssm, paired_cell, per_query_ndcg, per_query_pairs_in_order, seed_mean
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

@@ -1,7 +1,7 @@
 """Table IV of Palangi et al. on Home Depot, from the raw judged file, with one command:
 
-    .venv/bin/python benchmarks/homedepot_table4.py            # the table on the test queries
-    .venv/bin/python benchmarks/homedepot_table4.py --dev      # the same on validation queries (tuning)
+    .venv/bin/python reproductions/homedepot_table4.py            # the table on the test queries
+    .venv/bin/python reproductions/homedepot_table4.py --dev      # the same on validation queries (tuning)
 
 1. `dssm run` simulates click logs from the train queries (PROTOCOL.md §3), cleans them, builds the
    vocabulary and negatives, and trains the LSTM-RNN with the chosen config (CHOSEN below);
@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
 import numpy as np
 
 from core.layout import Layout
-from evaluation.protocol import CUTOFFS, ndcg, paired_test, pairs_in_order
+from evaluation.protocol import CUTOFFS
+from scripts_common import HOME_DEPOT, dssm, paired_cell, per_query_ndcg, seed_mean
 
-HOME_DEPOT = Path(__file__).resolve().parents[2] / "shared/data/homedepot-search-relevance/train.csv.zip"
 CHOSEN = ["epochs=10", "loss.pair_weight=log_clicks"]  # BENCHMARKS.md: best mean dev NDCG of the candidates
 # Best mean dev NDCG@1/3/10 of lr 0.1/0.03/0.01/0.003/0.001 (rnn) and 0.1/0.03/0.01 (dssm): the tanh
 # RNN does not train at the LSTM's 0.1 (validation loss stays at chance, ln 5).
@@ -45,69 +44,10 @@ ENCODERS = ("lstm", "rnn", "dssm")
 BASELINES = "bm25,doc2vec,ulm,plsa,minilm"
 
 
-def dssm(*args: str) -> None:
-    """Run a dssm command, tracked in the workdir's own MLflow store: a shell set up for the local
-    stack (`eval "$(dssm stack env)"`) must not register benchmark models in the team's registry
-    and move its champion alias."""
-    cmd = [str(Path(sys.executable).parent / "dssm"), *args]
-    print("+", " ".join(cmd), flush=True)
-    started = time.perf_counter()
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    subprocess.run(cmd, check=True, env=env)
-    print(f"  ({time.perf_counter() - started:.0f}s)", flush=True)
-
-
-def read_qrels(report: Path) -> dict[str, dict[str, float]]:
-    """query id -> {docno: label} from a report's qrels.txt."""
-    qrels: dict[str, dict[str, float]] = {}
-    for line in (report / "qrels.txt").read_text().splitlines():
-        query, _, doc, label = line.split()
-        qrels.setdefault(query, {})[doc] = float(label)
-    return qrels
-
-
-def read_run(report: Path, system: str) -> dict[str, list[str]]:
-    """query id -> its docnos, best first, from a report's runs/SYSTEM.run (written in rank order)."""
-    ranked: dict[str, list[str]] = {}
-    for line in (report / "runs" / f"{system}.run").read_text().splitlines():
-        query, _, doc, *_ = line.split()
-        ranked.setdefault(query, []).append(doc)
-    return ranked
-
-
-def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
-    """NDCG@k of each query from the report's TREC files (qrels.txt, runs/SYSTEM.run)."""
-    qrels = read_qrels(report)
-    min_label = min(v for docs in qrels.values() for v in docs.values())
-    ranked = read_run(report, system)
-    return {
-        q: ndcg(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float), k, min_label)
-        for q, docs in ranked.items()
-    }
-
-
-def per_query_pairs_in_order(report: Path, system: str) -> dict[str, float]:
-    """`evaluation.protocol.pairs_in_order` of each query with more than one label, from the TREC files."""
-    qrels = read_qrels(report)
-    shares = {}
-    for q, docs in read_run(report, system).items():
-        share = pairs_in_order(np.array([qrels[q][d] for d in docs]), -np.arange(len(docs), dtype=float))
-        if share is not None:
-            shares[q] = share
-    return shares
-
-
 def compare(report: Path, a: str, b: str) -> str:
     """Mean NDCG difference b − a per cutoff, with the paired t-test p-value over queries."""
     cells = [paired_cell(f"NDCG@{k}", per_query_ndcg(report, a, k), per_query_ndcg(report, b, k)) for k in CUTOFFS]
     return f"{b} − {a}: " + ", ".join(cells)
-
-
-def paired_cell(metric: str, a: dict[str, float], b: dict[str, float]) -> str:
-    """`METRIC +d (p=…)`: the mean per-query difference b − a (×100) and its paired t-test p-value."""
-    queries = sorted(a)
-    x, y = np.array([a[q] for q in queries]), np.array([b[q] for q in queries])
-    return f"{metric} {100 * (y.mean() - x.mean()):+.2f} (p={paired_test(y, x):.3g})"
 
 
 def main() -> None:
@@ -155,11 +95,6 @@ def main() -> None:
         names = [first, *(m.name for m in extra)]  # evaluate names later models of an encoder by run dir
         systems = {"": names} | ({"+bm25": [f"{n}+bm25" for n in names]} if not args.dev else {})
         print(seed_table(out, first, systems, [b for b in ("bm25", "minilm") if b in args.baselines.split(",")]))
-
-
-def seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
-    """Per query, a metric averaged over the seeds' models (one {query: value} per seed)."""
-    return {q: float(np.mean([run[q] for run in per_seed])) for q in per_seed[0]}
 
 
 def seed_table(report: Path, first: str, systems: dict[str, list[str]], references: list[str]) -> str:

@@ -1,0 +1,1 @@
+"""Paper reproductions: scripts, run as `python reproductions/NAME.py` (`make table4`)."""

@@ -1,0 +1,1 @@
+"""Research studies still rerun: scripts, run as `python studies/NAME.py`."""
