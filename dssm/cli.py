@@ -66,7 +66,7 @@ COMMANDS: dict[str, Command] = {
         "and split queries into train and validation.",
     ),
     "train": Command(
-        "modeling.train",
+        "modeling.launch",
         "train a two-tower model on `dssm negatives` output (torch, DDP via torchrun)",
         "Train the LSTM-RNN (or another encoder of model.encoder: {encoders}) on clicked pairs and their negatives "
         "with the paper's loss and optimiser. One config per run: defaults < --config YAML < KEY=VALUE overrides; "

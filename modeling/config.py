@@ -148,7 +148,7 @@ def rows_are_exact(cfg: TrainConfig) -> bool:
 
 
 def validate(cfg: TrainConfig) -> None:
-    from modeling.encoders import ENCODERS  # the registry imports this module
+    from modeling.encoders import ENCODERS  # lazily: importing this module imports no torch
 
     m, o = cfg.model, cfg.optim
     if m.encoder not in ENCODERS:

@@ -21,14 +21,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from modeling.config import ModelConfig
 from modeling.hashing import TextBatch
 from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
 from modeling.tables import HashingTable
+
+if TYPE_CHECKING:  # annotations only: modeling.config checks model.encoder against ENCODERS
+    from modeling.config import ModelConfig
 
 
 class Encoder(nn.Module):

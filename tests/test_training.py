@@ -136,13 +136,45 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, enc
     assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
 
 
+def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_data, tmp_path, monkeypatch):
+    """The caller resolves the config once; torchrun's ranks get `--resolved-config FILE`, no overrides."""
+    from modeling import launch as launcher
+
+    cfg = config(tiny_data, tmp_path / "run", "optim.lr=0.05", "model.hidden=7,5", f"mlflow_uri=sqlite:///{tmp_path}/m")
+    seen = {}
+
+    def torchrun(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+        rank_args = argv[argv.index("modeling.launch") + 1 :]
+        seen["args"], seen["path"] = rank_args, Path(rank_args[1])
+        seen["cfg"] = launcher.read_resolved(seen["path"])  # what a rank builds
+        return subprocess.CompletedProcess(argv, 3)
+
+    monkeypatch.setattr(subprocess, "run", torchrun)
+    assert launcher.launch(2, cfg, resume=True, on_change="restart") == 3
+    assert seen["args"] == ["--resolved-config", str(seen["path"]), "--resume", "--on-change", "restart"]
+    assert seen["cfg"] == cfg and seen["path"].parent == tmp_path and not seen["path"].exists()
+
+    def killed(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+        assert len(list(tmp_path.glob(".run.config-*.json"))) == 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "run", killed)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.launch(2, cfg)
+    assert not list(tmp_path.glob(".run.config-*"))  # removed on failure too
+    with pytest.raises(DssmError, match="resolved config .* out"):
+        launcher.launch(2, load_config(None, TINY))
+    with pytest.raises(SystemExit):  # a rank given the resolved config takes no overrides besides
+        launcher.main(["--resolved-config", str(seen["path"]), "epochs=3"])
+
+
 def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_data, tmp_path):
     """infra/README.md's multi-node command, with two torchrun agents ("nodes", one process each)
     meeting through the c10d rendezvous on 127.0.0.1 instead of --standalone."""
     overrides = [*TINY, "max_steps=8", "model.encoder=lstm", "optim.lr=0.1"]  # lr: as the test above
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "dssm-test"]
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *rendezvous]
-    node += ["-m", "modeling.train", "--workdir", str(tiny_data), *overrides, f"out={tmp_path / 'two'}"]
+    node += ["-m", "modeling.launch", "--workdir", str(tiny_data), *overrides, f"out={tmp_path / 'two'}"]
     node += [f"mlflow_uri=sqlite:///{tmp_path}/two.db"]
     env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(node, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in "ab"]

@@ -1,0 +1,191 @@
+"""`dssm train`'s command line, and the entry point of the torchrun ranks it launches.
+
+`dssm train` resolves the config once (defaults < --config YAML < KEY=VALUE overrides; with --resume
+the checkpoint's config replaces the defaults) and trains in this process, or with --nproc N writes
+the resolved config to a JSON file and starts N ranks, `torchrun -m modeling.launch --resolved-config
+FILE`, which read it back and never see the overrides. torchrun can also start the ranks itself with
+the command line's options and overrides (each rank then resolves them):
+`torchrun --nproc-per-node N -m modeling.launch --workdir work model.encoder=rnn`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+from core.errors import DssmError
+from modeling.checkpoint import newest_checkpoint
+from modeling.config import TrainConfig, load_config
+from modeling.data import plan, train_files
+from modeling.distributed import exit_rank
+from modeling.train import resolve_paths, train
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="config overrides, e.g. model.encoder=rnn optim.lr=0.05 epochs=3 (see docs/training.md)",
+    )
+    p.add_argument("--config", type=Path, help="YAML config file (defaults < file < KEY=VALUE overrides)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("work"),
+        help="where `dssm negatives`/`dssm vocab` wrote (default: %(default)s); also the default "
+        "home of the run (WORKDIR/train/ENCODER) and of the MLflow store (WORKDIR/mlflow.db)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["click", "paraphrase"],
+        help="click: the paper's softmax over clicked and negative titles; paraphrase: Wieting & Gimpel's margin "
+        "loss with in-batch negatives and one shared encoder (= loss.objective=paraphrase model.shared_towers=true)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in the run directory")
+    p.add_argument(
+        "--on-change",
+        choices=["resume", "restart", "error"],
+        help="when the run directory holds a run of other data, code or settings: resume it where possible, "
+        "restart (delete it, train afresh: what `dssm run` does) or error (default: resume with --resume, "
+        "else error)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes (DDP ranks) to launch with torchrun: GPUs, or gloo CPU processes (default: 1)",
+    )
+
+
+def override_list(args: argparse.Namespace) -> list[str]:
+    """`dssm train`'s KEY=VALUE overrides with its shorthand options expanded in front of them."""
+    return objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
+
+
+def objective_overrides(objective: str | None) -> list[str]:
+    """What `--objective` stands for; the user's KEY=VALUE overrides come after and win."""
+    if objective == "paraphrase":
+        return ["loss.objective=paraphrase", "model.shared_towers=true"]
+    return [f"loss.objective={objective}"] if objective else []
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
+    overrides = override_list(args)
+    cfg = load_config(args.config, overrides)
+    resolve_paths(cfg, args.workdir)
+    found = newest_checkpoint(Path(cfg.out)) if args.resume else None
+    if found is not None:
+        cfg = load_config(args.config, overrides, base=found[1]["config"])
+        resolve_paths(cfg, args.workdir)
+    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
+        raise DssmError("optim.lr must be a positive number")
+    return cfg
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm train`: in this process, or under torchrun with --nproc N."""
+    if args.nproc < 1:
+        raise DssmError("--nproc must be at least 1")
+    cfg = config_from_args(args)  # a bad config or data layout fails here, before N processes start
+    if args.nproc > 1:
+        plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, args.nproc)
+        if launch(args.nproc, cfg, args.resume, args.on_change) != 0:
+            raise DssmError(f"training failed in one of the {args.nproc} processes (their messages are above)")
+        return
+    s = train(cfg, resume=args.resume, on_change=args.on_change)
+    val = "n/a" if s["valid_loss"] is None else f"{s['valid_loss']:.4f}"
+    rate = "" if s["examples_per_s"] is None else f", {s['examples_per_s']:,.0f} examples/s"
+    print(
+        f"trained {s['steps']:,} steps{rate}; validation loss {val}; checkpoint {s['checkpoint']}; "
+        f"MLflow run {s['mlflow_run_id']}"
+    )
+
+
+def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | None = None) -> int:
+    """Train the resolved `cfg` (paths filled: `resolve_paths`) under torchrun with `nproc` ranks;
+    returns torchrun's exit status. resume, on_change: as `train`'s. The config reaches the ranks as
+    a JSON file next to the run directory, removed when torchrun returns."""
+    import subprocess
+
+    path = write_resolved(cfg)
+    try:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        argv += ["-m", "modeling.launch", "--resolved-config", str(path)]
+        if resume:
+            argv.append("--resume")
+        if on_change:
+            argv += ["--on-change", on_change]
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        return subprocess.run(argv, env=env).returncode
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def write_resolved(cfg: TrainConfig) -> Path:
+    """`cfg` as JSON in `.OUT.config-PID.json` beside the run directory OUT, written atomically."""
+    unresolved = [k for k in ("out", "mlflow_uri", "data.negatives", "data.vocab") if not cfg.flat().get(k)]
+    if unresolved:
+        raise DssmError(f"launch needs a resolved config (resolve_paths); empty: {', '.join(unresolved)}")
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f".{out.name}.config-{os.getpid()}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_resolved(path: Path) -> TrainConfig:
+    """The config `write_resolved` wrote, validated as any other."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DssmError(f"--resolved-config {path}: cannot read it ({e})") from None
+    if not isinstance(values, dict):
+        raise DssmError(f"--resolved-config {path}: expected a JSON object")
+    return load_config(base=values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of each torchrun process."""
+    parser = argparse.ArgumentParser(prog="python -m modeling.launch", description=__doc__)
+    add_arguments(parser)
+    parser.add_argument(
+        "--resolved-config",
+        type=Path,
+        help="a config resolved by `dssm train --nproc N` (JSON), instead of --config, --objective and overrides",
+    )
+    args = parser.parse_args(argv)
+    if args.resolved_config and (args.config or args.objective or args.overrides):
+        parser.error("--resolved-config is the whole config: no --config, --objective or KEY=VALUE with it")
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
+    try:
+        cfg = read_resolved(args.resolved_config) if args.resolved_config else config_from_args(args)
+        train(cfg, resume=args.resume, on_change=args.on_change)
+    except DssmError as e:
+        print(f"dssm train (rank {rank}): error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_rank() -> None:
+    """`main`, then leave the process (a rank of several without interpreter finalisation: `exit_rank`)."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run_rank()

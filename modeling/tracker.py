@@ -1,0 +1,41 @@
+"""MLflow for a training run: rank 0 logs, every other rank holds a no-op tracker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.tracking import experiment_id, log_datasets
+
+if TYPE_CHECKING:
+    from modeling.config import TrainConfig
+
+
+class Tracker:
+    """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere."""
+
+    def __init__(
+        self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str], datasets: list[tuple]
+    ):
+        self.enabled = enabled
+        self.run_id = run_id
+        if not enabled:
+            return
+        import mlflow
+
+        self.mlflow = mlflow
+        run = mlflow.start_run(
+            run_id=run_id, experiment_id=experiment_id(cfg.mlflow_uri, cfg.experiment), run_name=cfg.run_name or None
+        )
+        self.run_id = run.info.run_id
+        if run_id is None:
+            mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})
+            mlflow.set_tags(tags)
+            log_datasets(cfg.mlflow_uri, self.run_id, datasets)
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        if self.enabled:
+            self.mlflow.log_metrics(values, step=step)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self.enabled:
+            self.mlflow.end_run(status)
