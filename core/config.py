@@ -21,9 +21,28 @@ from core.errors import DssmError
 T = TypeVar("T")
 
 
-def _convert(value: Any, hint: Any, key: str) -> Any:
+def _yaml_flow(value: Any) -> Any:
+    """`[a, b]` or `{k: v}` typed on a command line, read as YAML; anything else as it is."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ValueError(value) from e
+    return value
+
+
+def convert(value: Any, hint: Any, key: str) -> Any:
+    """`value` (text from a command line, or what YAML gave) as the type `hint`; lists are YAML flow
+    syntax (`[a, b]`) or comma-separated (`a,b`); a Literal allows its values only."""
     origin = typing.get_origin(hint)
     try:
+        if origin is typing.Literal:
+            allowed = typing.get_args(hint)
+            kind = type(allowed[0])
+            chosen = value if isinstance(value, kind) else convert(value, kind, key)
+            if chosen not in allowed:
+                raise DssmError(f"config {key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+            return chosen
         if hint is bool:
             if isinstance(value, bool):
                 return value
@@ -38,22 +57,24 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
             return float(value)
         if hint is str:
             return str(value)
+        if origin in (tuple, list):
+            value = _yaml_flow(value)
         if origin is tuple:
             kinds = typing.get_args(hint)
             items = value if isinstance(value, list | tuple) else str(value).strip("()[]").split(",")
             if len(items) != len(kinds):
                 raise ValueError(value)
             pairs = zip(items, kinds, strict=True)
-            return tuple(_convert(v.strip() if isinstance(v, str) else v, k, key) for v, k in pairs)
+            return tuple(convert(v.strip() if isinstance(v, str) else v, k, key) for v, k in pairs)
         if origin is list:
             (item,) = typing.get_args(hint)
             items = value if isinstance(value, list) else [v for v in str(value).strip("[]").split(",") if v.strip()]
-            return [_convert(v.strip() if isinstance(v, str) else v, item, key) for v in items]
+            return [convert(v.strip() if isinstance(v, str) else v, item, key) for v in items]
         if origin in (typing.Union, types.UnionType):
             args = [a for a in typing.get_args(hint) if a is not type(None)]
             if value is None or str(value).lower() in {"none", "null", ""}:
                 return None
-            return _convert(value, args[0], key)
+            return convert(value, args[0], key)
     except (TypeError, ValueError) as e:
         raise DssmError(f"config {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from e
     raise DssmError(f"config {key}: unsupported type {hint}")
@@ -73,7 +94,7 @@ def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
                 raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
             changes[key] = apply(current, value, f"{prefix}{key}.")
         else:
-            changes[key] = _convert(value, hints[key], prefix + key)
+            changes[key] = convert(value, hints[key], prefix + key)
     return dataclasses.replace(obj, **changes) if changes else obj
 
 

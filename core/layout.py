@@ -1,4 +1,7 @@
-"""Where every stage of a work dir lives: the one place that names `WORKDIR/negatives` and friends."""
+"""Where every stage of a work dir lives: the one place that names `WORKDIR/negatives` and friends.
+
+Each stage of flows/pipeline.py's PIPELINE has the name of its output here (`Earlier(NAME)` reads it).
+"""
 
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ class Layout:
         return self.workdir / "index"
 
     @property
-    def analysis(self) -> Path:
+    def analyze(self) -> Path:
         return self.workdir / "analysis"
 
     @property

@@ -1,9 +1,10 @@
 """One typed config per retrain run: nested per-stage sections, defaults < YAML < KEY=VALUE.
 
-`dssm run --config run.yaml negatives.seed=7 train.epochs=10` resolves it like the training config
-(core/config.py): unknown keys are an error, values take the field's type. The stage sections are
-the stages' own config dataclasses, so a new stage option is one field in its stage's dataclass and
-is at once settable here, shown in the Prefect UI, saved in WORKDIR/report.json and logged to MLflow.
+`dssm run --config run.yaml negatives.seed=7 train.optim.lr=0.05` resolves it like the training
+config (core/config.py): unknown keys are an error, values take the field's type. The stage
+sections are the stages' own config dataclasses (`train` is the training config itself, plus how
+the flow runs it), so a new stage option is one field in its stage's dataclass and is at once
+settable here, shown in the Prefect UI, saved in WORKDIR/report.json and logged to MLflow.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any
 from core.config import apply, flat, load, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
+from core.options import field_help
 from jobs.clean import CleanConfig
 from jobs.negatives import NegativesConfig
 from jobs.propensity import PropensityConfig
 from jobs.simulate import SimulationConfig
 from jobs.vocab import VocabConfig
+from modeling.config import TrainConfig
 from retrieval.index import IndexConfig
 
 
@@ -31,14 +34,29 @@ class JudgmentsSection:
     spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
 
 
+# Training keys the flow fills in for every model it trains: where the data and the store are.
+FLOW_SET = ("out", "mlflow_uri", "experiment", "dataset", "data.negatives", "data.vocab")
+
+
 @dataclass
-class TrainSection:
-    models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: the config's (lstm)
-    epochs: int = 0  # 0: the training config's
-    overrides: list[str] = field(default_factory=list)  # training config KEY=VALUE (docs/training.md)
+class TrainSection(TrainConfig):
+    """The training config (modeling/config.py, every `dssm train` key: `train.optim.lr`,
+    `train.epochs`, ...) plus how the flow runs it. The flow sets FLOW_SET itself."""
+
+    models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: model.encoder alone
     nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
     warm_start: bool = True  # windowed runs: start from the champion when compatible (docs/flows.md)
     warm_min_overlap: float = 0.5  # ... when its vocabulary holds at least this share of the new one's tokens
+
+    def encoders(self) -> list[str]:
+        return list(self.models) or [self.model.encoder]
+
+    def for_encoder(self, encoder: str) -> TrainConfig:
+        """The training config of one model: this section without the flow's own keys."""
+        from dataclasses import fields, replace
+
+        base = TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
+        return replace(base, model=replace(base.model, encoder=encoder))
 
 
 @dataclass
@@ -112,62 +130,85 @@ def load_run_config(
     return cfg
 
 
-# The flags of `dssm run`/`dssm schedule`: shorthands for config keys, applied only when given. Their
-# values stay text: the config loader converts them by the key's type (10_000, lstm,rnn), as for KEY=VALUE.
-_FLAGS: list[tuple[tuple[str, ...], str, dict[str, Any], str]] = [
-    (("--workdir",), "workdir", {}, "where stage outputs go"),
-    (("--logs",), "logs", {}, "raw click logs to ingest instead of simulating (file, dir or glob)"),
-    (("--judgments",), "judgments.path", {}, "judged set (CSV/TSV or a .zip of one); default: the embedded catalogue"),
-    (("--query-col",), "judgments.spec.query_col", {}, "query column of the judged set"),
-    (("--title-col",), "judgments.spec.title_col", {}, "title column of the judged set"),
-    (("--label-col",), "judgments.spec.label_col", {}, "label column of the judged set"),
-    (("--encoding",), "judgments.spec.encoding", {}, "the judged set's encoding"),
-    (("--window-days",), "window_days", {}, "train on the last N days of dt=YYYY-MM-DD log partitions (0: all logs)"),
-    (("--run-date",), "run_date", {}, "the day a windowed run ends on, YYYY-MM-DD (empty: today in UTC)"),
-    (("--impressions",), "simulate.impressions", {}, "impressions to simulate (per day in windowed runs)"),
-    (("--seed",), "simulate.seed", {}, "simulation seed"),
-    (("--shards",), "simulate.shards", {}, "simulated log files (0: one per 250k impressions)"),
-    (("--workers",), "simulate.workers", {}, "simulation processes (0: CPUs)"),
-    (("-n",), "negatives.n", {}, "negatives per pair"),
-    (("--models",), "train.models", {}, "encoders trained side by side, e.g. lstm,rnn,dssm"),
-    (("--epochs",), "train.epochs", {}, "training epochs (0: the training config's)"),
-    (("--train",), "train.overrides", {"nargs": "+", "metavar": "KEY=VALUE"}, "training config overrides"),
-    (("--nproc",), "train.nproc", {}, "training processes under torchrun (0: one per GPU, else 1)"),
-    (("--baselines",), "evaluate.baselines", {}, "baselines beside the model (bm25,doc2vec,ulm,..)"),
-    (("--mlflow-uri",), "mlflow_uri", {}, "MLflow tracking URI (empty: $MLFLOW_TRACKING_URI, else WORKDIR/mlflow.db)"),
-    (("--master",), "spark_master", {}, "Spark master URL (default: $DSSM_SPARK_MASTER, else local[*])"),
-    (("--catalogue",), "catalogue", {}, "titles to index (Parquet/CSV, `title` column); default: the clean title pool"),
-]
+# The flags of `dssm run`/`dssm schedule`: shorthands for the common config keys, applied only when
+# given; their help and default come from the key's field. Every other key is a KEY=VALUE.
+_FLAGS: dict[str, str] = {
+    "--workdir": "workdir",
+    "--logs": "logs",
+    "--judgments": "judgments.path",
+    "--query-col": "judgments.spec.query_col",
+    "--title-col": "judgments.spec.title_col",
+    "--label-col": "judgments.spec.label_col",
+    "--encoding": "judgments.spec.encoding",
+    "--window-days": "window_days",
+    "--run-date": "run_date",
+    "--impressions": "simulate.impressions",
+    "--seed": "simulate.seed",
+    "--shards": "simulate.shards",
+    "--workers": "simulate.workers",
+    "-n": "negatives.n",
+    "--models": "train.models",
+    "--epochs": "train.epochs",
+    "--nproc": "train.nproc",
+    "--baselines": "evaluate.baselines",
+    "--mlflow-uri": "mlflow_uri",
+    "--master": "spark_master",
+    "--catalogue": "catalogue",
+}
+_SWITCHES = {"--no-analyze": "analyze", "--no-index": "index_champion", "--force": "force"}
+
+
+def key_field(key: str) -> tuple[Any, str, Any]:
+    """(default value, help, type hint) of a dotted run-config key."""
+    import typing
+
+    owner: Any = RunConfig
+    *sections, leaf = key.split(".")
+    for name in sections:
+        owner = typing.get_type_hints(owner)[name]
+    default = getattr(owner(), leaf)
+    return default, field_help(owner).get(leaf, ""), typing.get_type_hints(owner)[leaf]
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """`dssm run`/`dssm schedule`: --config, KEY=VALUE overrides, and flags for the common keys."""
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="run config overrides, e.g. negatives.seed=7")
+    from core.options import _converter
+
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="run config keys, e.g. negatives.seed=7 train.optim.lr=0.05"
+    )
     p.add_argument("--config", type=Path, help="YAML run config (defaults < file < flags < KEY=VALUE)")
-    defaults = flat(RunConfig())
     g = p.add_argument_group("shorthands for config keys (docs/flows.md lists every key)")
-    for names, key, kwargs, text in _FLAGS:
-        shown = defaults[key]
-        shown = ",".join(shown) if isinstance(shown, list) else shown
-        text = f"{text} [{key}; default: {shown!r}]"
-        kwargs = {"metavar": key.rsplit(".", 1)[-1].upper(), **kwargs}
-        g.add_argument(*names, dest=key, default=argparse.SUPPRESS, help=text, **kwargs)
+    for flag, key in _FLAGS.items():
+        default, text, hint = key_field(key)
+        shown = ",".join(default) if isinstance(default, list) else default
+        g.add_argument(
+            flag,
+            dest=key,
+            default=argparse.SUPPRESS,
+            type=_converter(hint, key),
+            metavar=key.rsplit(".", 1)[-1].upper(),
+            help=f"{text} [{key}; default: {shown!r}]".replace("%", "%%"),
+        )
     g.add_argument(
-        "--no-analyze", dest="analyze", action="store_false", default=argparse.SUPPRESS, help="skip the analyze stage"
+        "--train",
+        dest="train_overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training config keys without their train. prefix, e.g. --train optim.lr=0.05 epochs=10 (put other "
+        "KEY=VALUEs before it)",
     )
-    g.add_argument(
-        "--no-index",
-        dest="index_champion",
-        action="store_false",
-        default=argparse.SUPPRESS,
-        help="skip the index stage (the champion's ANN index)",
-    )
-    g.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help="recompute every stage")
+    helps = {"analyze": "skip the analyze stage", "index_champion": "skip the index stage (the champion's ANN index)"}
+    for flag, key in _SWITCHES.items():
+        action = "store_true" if key == "force" else "store_false"
+        text = helps.get(key) or key_field(key)[1]
+        g.add_argument(flag, dest=key, action=action, default=argparse.SUPPRESS, help=text)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config of `dssm run`/`dssm schedule`: only the flags actually given take part."""
-    keys = {key for _, key, _, _ in _FLAGS} | {"analyze", "index_champion", "force"}
+    keys = set(_FLAGS.values()) | set(_SWITCHES.values())
     options: dict[str, Any] = {}
     for key in keys & set(vars(args)):
         node = options
@@ -175,18 +216,26 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = getattr(args, key)
-    return load_run_config(args.config, args.overrides, options)
+    overrides = [*args.overrides, *(f"train.{pair}" for pair in getattr(args, "train_overrides", []))]
+    return load_run_config(args.config, overrides, options)
 
 
 def validate(cfg: RunConfig) -> None:
-    from modeling.config import load_config
+    from modeling.config import validate as validate_training
 
-    load_config(None, cfg.train.overrides)  # an unknown or bad training key fails before any stage runs
+    changed = [k for k in FLOW_SET if _dotted(cfg.train, k) != _dotted(TrainSection(), k)]
+    if changed:
+        raise DssmError(
+            f"train.{changed[0]} is set by the flow for each model (the work dir, mlflow_uri, the judged set's name); "
+            "leave it out of the run config"
+        )
     from modeling.encoders import ENCODERS
 
     unknown = [m for m in cfg.train.models if m not in ENCODERS]
     if unknown:
         raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
+    for encoder in cfg.train.encoders():
+        validate_training(cfg.train.for_encoder(encoder))  # a bad training setting fails before any stage runs
     from evaluation.systems import parse_baselines
 
     parse_baselines(",".join(cfg.evaluate.baselines))
@@ -200,5 +249,11 @@ def validate(cfg: RunConfig) -> None:
     if cfg.window_days < 0:
         raise DssmError(f"window_days must be >= 0, got {cfg.window_days}")
     cfg.window()  # a bad run_date fails here
-    if cfg.train.nproc < 0 or cfg.train.epochs < 0:
-        raise DssmError("train.nproc and train.epochs must be >= 0")
+    if cfg.train.nproc < 0 or cfg.train.epochs < 1:
+        raise DssmError("train.nproc must be >= 0 and train.epochs >= 1")
+
+
+def _dotted(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj

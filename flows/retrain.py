@@ -1,11 +1,10 @@
-"""The `retrain` flow: simulate (or ingest) raw logs -> clean -> vocab -> negatives -> train -> evaluate
--> analyze.
+"""The `retrain` flow: the stages of flows/pipeline.py's PIPELINE, in order, each a Prefect task.
 
-Each stage is a Prefect task that gets paths and hands back a StageOutput (path + content hash),
-never a DataFrame or a session. Stages cache by input hash in their manifests, so a rerun with
-unchanged inputs skips finished stages, and a failed or killed run run again continues where it
-stopped (training resumes from its last checkpoint). Prefect's own result cache is off: it could
-not see that an output was deleted or replaced since.
+Each stage gets paths and hands back a StageOutput (path + content hash), never a DataFrame or a
+session. Stages cache by input hash in their manifests, so a rerun with unchanged inputs skips
+finished stages, and a failed or killed run run again continues where it stopped (training
+resumes from its last checkpoint). Prefect's own result cache is off: it could not see that an
+output was deleted or replaced since.
 
 Run it ad hoc with `dssm run`, on a schedule with `dssm schedule` (flows/schedule.py) or as a
 work-pool deployment (prefect.yaml). See docs/flows.md.
@@ -20,58 +19,34 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.tasks import exponential_backoff
 
-from core.errors import StageFailed
 from core.judgments import resolve_judged_set
 from core.layout import Layout
 from core.tracking import default_tracking_uri
 from flows import stages
 from flows.config import RunConfig
+from flows.pipeline import PIPELINE, Stage, describe, planned, walk
 
 
-def _worth_retrying(task, task_run, state) -> bool:
-    """Retry what may pass (a Spark master or MLflow server not reachable yet), not bad data."""
-    try:
-        state.result()
-    except StageFailed as e:
-        return e.transient
-    except Exception:
-        return True
-    return False
+def context(cfg: RunConfig) -> stages.RunContext:
+    """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks."""
+    from jobs.catalogue import DEFAULT_CATALOGUE
+
+    layout = Layout(cfg.workdir)
+    return stages.RunContext(
+        cfg=cfg,
+        layout=layout,
+        judged=resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE),
+        mlflow_uri=cfg.mlflow_uri or default_tracking_uri(layout.workdir),
+        master=cfg.spark_master or None,
+        window=cfg.window(),
+        nproc=cfg.train.nproc or stages.default_nproc(),
+    )
 
 
-_ONCE = {"cache_policy": NO_CACHE, "persist_result": False}
-# The stages that talk to services (a Spark cluster, an MLflow server) retry with backoff: 5 s, 10 s.
-_RETRIED = _ONCE | {
-    "retries": 2,
-    "retry_delay_seconds": exponential_backoff(backoff_factor=5),
-    "retry_condition_fn": _worth_retrying,
-}
-
-
-# The stage functions themselves become tasks: one signature each, in flows/stages.py.
-simulate_task = task(stages.simulate_stage, name="simulate", **_ONCE)
-simulate_day_task = task(stages.simulate_day_stage, name="simulate", **_ONCE)
-clean_task = task(stages.clean_stage, name="clean", **_RETRIED)
-clean_window_task = task(stages.clean_window_stage, name="clean", **_RETRIED)
-propensity_task = task(stages.propensity_stage, name="propensity", **_RETRIED)
-vocab_task = task(stages.vocab_stage, name="vocab", **_RETRIED)
-negatives_task = task(stages.negatives_stage, name="negatives", **_RETRIED)
-train_task = task(stages.train_stage, name="train", **_ONCE)  # no retry: a rerun resumes from the checkpoint
-evaluate_task = task(stages.evaluate_stage, name="evaluate", **_RETRIED)
-index_task = task(stages.index_stage, name="index", **_RETRIED)
-analyze_task = task(stages.analyze_stage, name="analyze", **_ONCE)
-
-
-@flow(
-    name="retrain",
-    description="simulate or ingest click logs, clean, propensity, vocab, negatives, train, evaluate, gate, index, "
-    "analyze",
-)
+@flow(name="retrain", description="simulate or ingest click logs, then every stage of flows/pipeline.py's PIPELINE")
 def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a typed default the UI shows)
     """The whole pipeline into `config.workdir`; returns the run summary also written to WORKDIR/report.json.
 
@@ -80,101 +55,35 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
-    from evaluation.registry import CHAMPION, registered_name
-    from jobs.catalogue import DEFAULT_CATALOGUE
-
-    cfg = config
     logger = get_run_logger()
-    layout = Layout(cfg.workdir)
-    judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)
-    nproc = cfg.train.nproc or stages.default_nproc()
-    mlflow_uri = cfg.mlflow_uri or default_tracking_uri(layout.workdir)  # one store for every stage
-    master = cfg.spark_master or None
-    overrides = [f"experiment={judged.name}", f"dataset={judged.name}", f"mlflow_uri={mlflow_uri}"]
-    if cfg.train.epochs:
-        overrides.append(f"epochs={cfg.train.epochs}")
-    overrides += list(cfg.train.overrides)
-    # model.encoder last: train.models wins over an encoder in train.overrides
-    models = cfg.train.models
-    per_model = {m: [*overrides, f"model.encoder={m}"] for m in models} if models else {"model": overrides}
-    logs = cfg.logs or None
-    evaluate = bool(cfg.judgments.path) or logs is None
+    ctx = context(config)
     done: list[dict] = []
+    bar = tqdm(total=planned(PIPELINE, ctx), desc="retrain", unit="stage", disable=None)
 
-    indexed = evaluate and cfg.index_champion
-    stage_count = 5 + len(per_model) + (logs is None) + evaluate + indexed + (evaluate and cfg.analyze)
-    bar = tqdm(total=stage_count, desc="retrain", unit="stage", disable=None)
-
-    def finished(out: stages.StageOutput) -> dict:
-        out = out.to_dict()
-        done.append(out)
+    def finished(stage: Stage, out: stages.StageOutput | None) -> None:
         bar.update(1)
-        state = "up to date, skipped" if out["skipped"] else f"done in {out['seconds']:.1f}s"
-        logger.info("%s: %s -> %s (sha256 %s…)", out["stage"], state, out["path"], out["sha256"][:12])
-        return out
+        if out is None:
+            return
+        done.append(out.to_dict())
+        state = "up to date, skipped" if out.skipped else f"done in {out.seconds:.1f}s"
+        logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
 
-    window = cfg.window()
-    with stages.exclusive(layout.workdir), bar:
-        if window:  # new logs land as a date partition each night; the last window_days are read
-            if logs is None:
-                finished(simulate_day_task(layout, judged, cfg.simulate, window[-1], cfg.force))
-                logs = str(layout.logs)
-            logger.info("window %s..%s of %s", window[0], window[-1], logs)
-            cleaned = finished(clean_window_task(layout, logs, window, cfg.clean, master, cfg.force))
-        else:
-            if logs is None:
-                logs = finished(simulate_task(layout, judged, cfg.simulate, cfg.force))["path"]
-            cleaned = finished(clean_task(layout, logs, cfg.clean, master, cfg.force))
-        bias = propensity_task(layout, cleaned["path"], cfg.propensity, master, cfg.force)
-        if bias:
-            bias = finished(bias)
-        else:
-            bar.update(1)
-        vocab = finished(vocab_task(layout, cleaned["path"], cfg.vocab, master, cfg.force))
-        curve = bias["path"] if bias and cfg.negatives.debias else None
-        negatives = finished(negatives_task(layout, cleaned["path"], cfg.negatives, master, cfg.force, curve))
-        logger.info("vocab %s and negatives %s ready", vocab["sha256"][:12], negatives["sha256"][:12])
-        checkpoints = []
-        for name, model_overrides in per_model.items():
-            if window and cfg.train.warm_start:
-                init_from, why = stages.warm_start_source(
-                    layout,
-                    mlflow_uri,
-                    registered_name(judged.name),
-                    model_overrides,
-                    negatives["sha256"],
-                    cfg.train.warm_min_overlap,
-                )
-                logger.info("train %s: %s", name, f"warm start from {why}" if init_from else f"from scratch: {why}")
-                model_overrides = [*model_overrides, f"init_from={init_from}"] if init_from else model_overrides
-            train_one = train_task.with_options(task_run_name=f"train-{name}")
-            trained = train_one(layout, negatives["path"], model_overrides, nproc, cfg.force)
-            checkpoints.append(finished(trained)["path"])
-        report = None
-        if evaluate:
-            run_date = window[-1] if window else ""
-            stage, report = evaluate_task(
-                layout, checkpoints, judged, cfg.evaluate, negatives["path"], mlflow_uri, cfg.force, run_date
-            )
-            finished(stage)
-            if indexed:
-                champion = f"models:/{registered_name(judged.name)}@{CHAMPION}"
-                titles = cfg.catalogue or cleaned["path"]
-                finished(index_task(layout, titles, champion, cfg.index, mlflow_uri, master, cfg.force))
-            if cfg.analyze:
-                analysed = analyze_task(layout, checkpoints, judged, cfg.force)
-                if analysed:
-                    finished(analysed)
-                else:
-                    bar.update(1)
-        else:
-            logger.warning("raw logs given without judgments.path: nothing to evaluate on; evaluation skipped")
-        log_config(cfg, mlflow_uri, judged.name, done)
-        if bias:
-            log_propensity(mlflow_uri, bias["path"], done)
-        if window:
-            log_window(mlflow_uri, window, cleaned["path"], done)
-        return write_summary(layout, cfg, done, report)
+    with stages.exclusive(ctx.layout.workdir), bar:
+        outputs = walk(PIPELINE, ctx, finished, logger)
+        log_config(config, ctx.mlflow_uri, done)
+        if outputs.get("propensity"):
+            log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
+        if ctx.window:
+            log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
+        return write_summary(ctx.layout, config, done, read_report(outputs.get("evaluate")))
+
+
+def read_report(evaluated: stages.StageOutput | None) -> dict[str, Any] | None:
+    """The evaluate stage's report.json with its gate decisions (gate.json), None when it did not run."""
+    if evaluated is None:
+        return None
+    out = Path(evaluated.path)
+    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
 
 
 def training_runs(done: list[dict]) -> list[str]:
@@ -183,7 +92,7 @@ def training_runs(done: list[dict]) -> list[str]:
     return [run_id for run_id in trained if run_id]
 
 
-def log_config(cfg: RunConfig, mlflow_uri: str, experiment: str, done: list[dict]) -> None:
+def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
     """The resolved run config as `run_config.json` of every MLflow training run this flow run made or reused."""
     import mlflow
 
@@ -245,10 +154,14 @@ def _number(value: Any) -> str:
 
 
 def add_arguments(p) -> None:
-    """`dssm run`'s options: the run config (flows/config.py)."""
+    """`dssm run`'s options: the run config (flows/config.py); the stage list as the epilog."""
+    import argparse
+
     from flows.config import add_run_arguments
 
     add_run_arguments(p)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = describe()
 
 
 def command(args) -> None:

@@ -1,8 +1,10 @@
-"""The pipeline's stages as plain functions: each takes paths and settings, returns a StageOutput.
+"""The pipeline's stages as plain functions: `stage(ctx, [item,] **reads) -> StageOutput | None`.
 
-No Prefect here: flows/retrain.py wraps each one in a task. Every stage caches by input hash in
-its own manifest (core/artifacts.py: `publish`), so calling one whose inputs have not changed is a no-op,
-and a stage that failed half-way left only a temp dir that the next call removes.
+`ctx` is the run (its config, work dir layout, judged set, stores); `reads` are the outputs of the
+stages it reads, by name, as flows/pipeline.py's PIPELINE lists them. No Prefect here: the flow
+makes each one a task. Every stage caches by input hash in its own manifest (core/artifacts.py:
+`publish`), so calling one whose inputs have not changed is a no-op, and a stage that failed
+half-way left only a temp dir that the next call removes.
 """
 
 from __future__ import annotations
@@ -23,13 +25,8 @@ from core.judgments import JudgedSet
 from core.layout import Layout
 
 if TYPE_CHECKING:
-    from flows.config import EvaluateSection
-    from jobs.clean import CleanConfig
-    from jobs.negatives import NegativesConfig
-    from jobs.propensity import PropensityConfig
-    from jobs.simulate import SimulationConfig
-    from jobs.vocab import VocabConfig
-    from retrieval.index import IndexConfig
+    from flows.config import RunConfig
+    from modeling.config import TrainConfig
 
 log = logging.getLogger("dssm.flow")
 
@@ -47,6 +44,37 @@ class StageOutput:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def left_by_earlier_run(cls, stage: str, path: Path) -> StageOutput | None:
+        """What an earlier run's stage left at `path` (e.g. last night's index), None when nothing is there."""
+        manifest = read_manifest(path)
+        if not manifest or "content_sha256" not in manifest:
+            return None
+        counts = _flat_counts(manifest.get("counts", {}))
+        return cls(stage, str(path), manifest["content_sha256"], skipped=True, seconds=0.0, counts=counts)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One flow run, resolved once: what every stage may look at besides the outputs it reads."""
+
+    cfg: RunConfig
+    layout: Layout
+    judged: JudgedSet
+    mlflow_uri: str  # one store for every stage
+    master: str | None  # Spark master; None: $DSSM_SPARK_MASTER, else local[*]
+    window: list[str]  # the dates a windowed run reads, oldest first; empty: not windowed
+    nproc: int  # training processes
+
+    @property
+    def force(self) -> bool:
+        return self.cfg.force
+
+    def spark(self):
+        from jobs.spark import LazySpark
+
+        return LazySpark(self.master, "dssm-run")
 
 
 @contextmanager
@@ -98,108 +126,78 @@ def _flat_counts(counts: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in sizes.items() if isinstance(v, int)}
 
 
-def simulate_stage(layout: Layout, judged: JudgedSet, cfg: SimulationConfig, force: bool) -> StageOutput:
-    from jobs.simulate import simulate
-
-    def job() -> dict[str, Any]:
-        from tqdm import tqdm
-
-        with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
-            return simulate(judged.pairs(), layout.simulate, cfg, judged.describe(), progress=bar.update, force=force)
-
-    return run_data_stage("simulate", judged.path, layout.simulate, job)
-
-
-def simulate_day_stage(layout: Layout, judged: JudgedSet, cfg: SimulationConfig, day: str, force: bool) -> StageOutput:
-    """Windowed runs: simulate the run date's logs into the partition `WORKDIR/logs/dt=DAY` (kept
-    when already there): new logs landing each night."""
+def simulate_stage(ctx: RunContext) -> StageOutput:
+    """Simulated logs of the judged set's train queries; in a windowed run, the run date's logs as the
+    partition `WORKDIR/logs/dt=DAY` (kept when already there): new logs landing each night."""
     from dataclasses import replace
 
     from jobs.simulate import partition_name, simulate
 
-    day_cfg = replace(cfg, day=day)
-    out = layout.logs / partition_name(day)
+    cfg, judged = ctx.cfg.simulate, ctx.judged
+    day = ctx.window[-1] if ctx.window else ""
+    out = ctx.layout.logs / partition_name(day) if day else ctx.layout.simulate
 
     def job() -> dict[str, Any]:
         from tqdm import tqdm
 
-        with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc=f"simulate {day}", disable=None) as bar:
-            return simulate(judged.pairs(), out, day_cfg, judged.describe(), progress=bar.update, force=force)
+        desc = f"simulate {day}".strip()
+        with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc=desc, disable=None) as bar:
+            return simulate(
+                judged.pairs(), out, replace(cfg, day=day), judged.describe(), progress=bar.update, force=ctx.force
+            )
 
     return run_data_stage("simulate", judged.path, out, job)
 
 
-def clean_window_stage(
-    layout: Layout, root: str, dates: list[str], cfg: CleanConfig, master: str | None, force: bool
-) -> StageOutput:
-    """Windowed runs: clean each day of `dates` under the log root `root` once (cached by its bytes)
-    and sum the window's pairs into the clean stage's output."""
-    from jobs.spark import LazySpark
+def clean_stage(ctx: RunContext, simulate: StageOutput | None) -> StageOutput:
+    """The raw logs (simulated, or `logs`) cleaned; in a windowed run, each day of the window under the
+    log root cleaned once (cached by its bytes) and the window's pairs summed."""
+    from jobs.clean import clean
     from jobs.window import clean_window
 
-    out = layout.clean
-    spark = LazySpark(master, "dssm-run")
-    return run_data_stage(
-        "clean", root, out, lambda: clean_window(spark, Path(root), dates, layout.clean_days, out, cfg, force)
-    )
+    out, cfg = ctx.layout.clean, ctx.cfg
+    if ctx.window:
+        root = cfg.logs or str(ctx.layout.logs)
+        log.info("window %s..%s of %s", ctx.window[0], ctx.window[-1], root)
+        days = ctx.layout.clean_days
+        job = lambda: clean_window(ctx.spark(), Path(root), ctx.window, days, out, cfg.clean, ctx.force)  # noqa: E731
+        return run_data_stage("clean", root, out, job)
+    logs = simulate.path if simulate else cfg.logs
+    return run_data_stage("clean", logs, out, lambda: clean(ctx.spark(), logs, out, cfg.clean, ctx.force))
 
 
-def clean_stage(layout: Layout, logs: str, cfg: CleanConfig, master: str | None, force: bool) -> StageOutput:
-    from jobs.clean import clean
-    from jobs.spark import LazySpark
-
-    out = layout.clean
-    return run_data_stage("clean", logs, out, lambda: clean(LazySpark(master, "dssm-run"), logs, out, cfg, force))
-
-
-def propensity_stage(
-    layout: Layout, clean_dir: str, cfg: PropensityConfig, master: str | None, force: bool
-) -> StageOutput | None:
+def propensity_stage(ctx: RunContext, clean: StageOutput) -> StageOutput | None:
     """The position-bias curve of the clean stage's impressions; None when it wrote none (clean.impressions=false)."""
     from jobs.propensity import propensity
-    from jobs.spark import LazySpark
 
-    if "impressions" not in (read_manifest(Path(clean_dir)) or {}).get("outputs", {}):
-        log.info("propensity: %s has no impressions/ (clean.impressions=false); position bias not estimated", clean_dir)
+    if "impressions" not in (read_manifest(Path(clean.path)) or {}).get("outputs", {}):
+        log.info("propensity: %s has no impressions/ (clean.impressions=false); no position bias", clean.path)
         return None
-    out = layout.propensity
-    return run_data_stage(
-        "propensity",
-        clean_dir,
-        out,
-        lambda: propensity(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force),
-    )
+    out = ctx.layout.propensity
+    job = lambda: propensity(ctx.spark(), Path(clean.path), out, ctx.cfg.propensity, ctx.force)  # noqa: E731
+    return run_data_stage("propensity", clean.path, out, job)
 
 
-def vocab_stage(layout: Layout, clean_dir: str, cfg: VocabConfig, master: str | None, force: bool) -> StageOutput:
-    from jobs.spark import LazySpark
+def vocab_stage(ctx: RunContext, clean: StageOutput) -> StageOutput:
     from jobs.vocab import vocab
 
-    out = layout.vocab
+    out = ctx.layout.vocab
     return run_data_stage(
-        "vocab", clean_dir, out, lambda: vocab(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force)
+        "vocab", clean.path, out, lambda: vocab(ctx.spark(), Path(clean.path), out, ctx.cfg.vocab, ctx.force)
     )
 
 
-def negatives_stage(
-    layout: Layout,
-    clean_dir: str,
-    cfg: NegativesConfig,
-    master: str | None,
-    force: bool,
-    propensity_dir: str | None = None,
-) -> StageOutput:
-    """The training rows; `propensity_dir` (the propensity stage's output) is read with `negatives.debias`."""
+def negatives_stage(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> StageOutput:
+    """The training rows; the propensity stage's curve is read with `negatives.debias`."""
     from jobs.negatives import negatives
-    from jobs.spark import LazySpark
 
-    out = layout.negatives
-    curve = Path(propensity_dir) if propensity_dir else None
+    out, cfg = ctx.layout.negatives, ctx.cfg.negatives
+    curve = Path(propensity.path) if propensity and cfg.debias else None
 
     def build():
-        return negatives(LazySpark(master, "dssm-run"), Path(clean_dir), out, cfg, force, propensity_dir=curve)
+        return negatives(ctx.spark(), Path(clean.path), out, cfg, ctx.force, propensity_dir=curve)
 
-    return run_data_stage("negatives", clean_dir, out, build)
+    return run_data_stage("negatives", clean.path, out, build)
 
 
 def default_nproc() -> int:
@@ -209,75 +207,44 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 1
 
 
-def warm_start_source(
-    layout: Layout, mlflow_uri: str, name: str, overrides: list[str], negatives_sha: str, min_overlap: float
-) -> tuple[str | None, str]:
-    """(checkpoint, why) a windowed run's model starts from: the champion of registered model `name`
-    when it has this model's config and its vocabulary covers at least `min_overlap` of this run's
-    tokens, else (None, why not): from scratch. Decided once per training data version (the
-    negatives' hash), so a rerun of the same night trains with the same start, and is skipped."""
-    import json
+def train_stage(ctx: RunContext, encoder: str, negatives: StageOutput, vocab: StageOutput) -> StageOutput:
+    """One model of `train.models` on the negatives and vocabulary, into WORKDIR/train/ENCODER; in a
+    windowed run warm-started from the champion when it fits (flows/warm_start.py)."""
+    from dataclasses import replace
 
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    from evaluation.registry import registered_name
+    from flows.warm_start import warm_start_source
 
-    from evaluation.registry import CHAMPION
-    from modeling.checkpoint import read_checkpoint
-    from modeling.config import load_config
-    from modeling.hashing import Vocab
-    from retrieval.index import copy_model_files, resolve_model
-
-    decisions_path = layout.warm_start / "decisions.json"
-    decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
-    cfg = load_config(None, overrides)
-    key = f"{negatives_sha}:{cfg.model.encoder}"
-    pinned = decisions.get(key)
-    if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
-        return pinned["init_from"], pinned["why"]  # else its checkpoint was deleted: decide again
-    client = mlflow.MlflowClient(mlflow_uri)
-    try:
-        champion = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        champion = None
-    init_from, why = None, "no champion yet"
-    if champion is not None:
-        dest = layout.warm_start / f"v{champion.version}"
-        checkpoint = dest / "model.pt"
-        if not checkpoint.is_file():
-            shutil.rmtree(dest, ignore_errors=True)  # a download cut short
-            copy_model_files(resolve_model(f"models:/{name}/{champion.version}", mlflow_uri), dest)
-        state = read_checkpoint(checkpoint)
-        theirs = state["config"]["model"]
-        ours = asdict(cfg.model)
-        changed = sorted(k for k in ours if theirs.get(k) != ours[k])
-        tokens = set(state["vocab"]["tokens"])
-        vocab = Vocab.load(layout.vocab, cfg.model.tokens)
-        overlap = sum(t in tokens for t in vocab.tokens) / max(vocab.size, 1)
-        if changed:
-            why = f"champion v{champion.version} has another model config ({', '.join(f'model.{k}' for k in changed)})"
-        elif overlap < min_overlap:
-            why = f"champion v{champion.version}'s vocabulary covers {overlap:.0%} of this one's (< {min_overlap:.0%})"
-        else:
-            init_from, why = str(checkpoint), f"champion v{champion.version} (vocabulary overlap {overlap:.0%})"
-    decisions[key] = {"init_from": init_from, "why": why}
-    layout.warm_start.mkdir(parents=True, exist_ok=True)
-    tmp = decisions_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(decisions, indent=2) + "\n")
-    os.replace(tmp, decisions_path)
-    return init_from, why
+    cfg = replace(
+        ctx.cfg.train.for_encoder(encoder),
+        experiment=ctx.judged.name,
+        dataset=ctx.judged.name,
+        mlflow_uri=ctx.mlflow_uri,
+        data=replace(ctx.cfg.train.data, negatives=negatives.path, vocab=vocab.path),
+    )
+    if ctx.window and ctx.cfg.train.warm_start:
+        name = registered_name(ctx.judged.name)
+        init_from, why = warm_start_source(
+            ctx.layout, ctx.mlflow_uri, name, cfg, negatives.sha256, ctx.cfg.train.warm_min_overlap
+        )
+        log.info("train %s: %s", encoder, f"warm start from {why}" if init_from else f"from scratch: {why}")
+        cfg = replace(cfg, init_from=init_from) if init_from else cfg
+    return train_model(ctx.layout, cfg, ctx.nproc, ctx.force)
 
 
-def train_stage(layout: Layout, negatives_dir: str, overrides: list[str], nproc: int, force: bool) -> StageOutput:
+def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> StageOutput:
     """Train, or resume an unfinished run, or skip a finished one; a run of other data, code or config
-    is trained afresh (modeling.train.decide). nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)."""
+    is trained afresh (modeling.resume.decide). nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)
+    with the resolved config."""
+    from dataclasses import replace
+
     from modeling.checkpoint import newest_checkpoint
-    from modeling.config import load_config
     from modeling.data import plan, train_files
     from modeling.train import launch, resolve_paths, train
 
     started = time.perf_counter()
-    with failing_as("train", negatives_dir):
-        cfg = load_config(None, overrides)
+    with failing_as("train", cfg.data.negatives or layout.negatives):
+        cfg = replace(cfg)  # resolve_paths fills in place
         resolve_paths(cfg, layout.workdir)
         out = Path(cfg.out)
         if force and out.exists():
@@ -287,7 +254,7 @@ def train_stage(layout: Layout, negatives_dir: str, overrides: list[str], nproc:
             summary = train(cfg, resume=True, on_change="restart")
         else:
             plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, nproc)  # a bad layout fails here
-            if launch(nproc, layout.workdir, overrides, resume=True, on_change="restart") != 0:
+            if launch(nproc, cfg, resume=True, on_change="restart") != 0:
                 raise DssmError(f"training failed in one of the {nproc} torchrun processes (their messages are above)")
             path, state = newest_checkpoint(out)
             summary = {"steps": state["step"], "valid_loss": state["valid_loss"]} | {
@@ -311,66 +278,60 @@ def train_stage(layout: Layout, negatives_dir: str, overrides: list[str], nproc:
     )
 
 
-def evaluate_stage(
-    layout: Layout,
-    checkpoints: list[str],
-    judged: JudgedSet,
-    section: EvaluateSection,
-    negatives_dir: str,
-    mlflow_uri: str | None,
-    force: bool,
-    run_date: str = "",
-) -> tuple[StageOutput, dict[str, Any]]:
+def evaluate_stage(ctx: RunContext, train: list[StageOutput], negatives: StageOutput) -> StageOutput:
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
-    queries of `negatives_dir`) against the baselines, then the champion gate."""
+    queries of the negatives) against the baselines, then the champion gate; its report.json and
+    gate.json are the flow's report."""
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
 
-    out = layout.evaluate
+    out, section = ctx.layout.evaluate, ctx.cfg.evaluate
+    checkpoints = [t.path for t in train]
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:
         cfg = EvaluateConfig(
-            judgments=judged,
+            judgments=ctx.judged,
             out=out,
-            models=list(checkpoints),
+            models=checkpoints,
             baselines=parse_baselines(",".join(section.baselines)),
-            hybrid_dev=Path(negatives_dir) if section.hybrid else None,
-            mlflow_uri=mlflow_uri,
-            run_date=run_date,
-            force=force,
+            hybrid_dev=Path(negatives.path) if section.hybrid else None,
+            mlflow_uri=ctx.mlflow_uri,
+            run_date=ctx.window[-1] if ctx.window else "",
+            force=ctx.force,
         )
         reports.append(evaluate(cfg))
         return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}
 
     stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
-    report = reports[0]
-    stage.counts = {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}
-    return stage, report
+    stage.counts = {"queries": reports[0]["eval_queries"], "pairs": reports[0]["eval_pairs"]}
+    return stage
 
 
-def index_stage(
-    layout: Layout, titles: str, model_uri: str, cfg: IndexConfig, mlflow_uri: str, master: str | None, force: bool
-) -> StageOutput:
-    """`dssm index` of `model_uri` (the champion) over `titles` (the clean stage's output, whose title
-    pool is the default catalogue, or a catalogue file), logged as its retriever."""
-    from jobs.spark import LazySpark
+def index_stage(ctx: RunContext, clean: StageOutput) -> StageOutput:
+    """`dssm index` of the champion over `catalogue` (default: the clean stage's title pool), logged as
+    its retriever."""
+    from evaluation.registry import CHAMPION, registered_name
     from retrieval.index import index
 
-    out = layout.index
-    spark = LazySpark(master, "dssm-run")
-    return run_data_stage(
-        "index", model_uri, out, lambda: index(spark, model_uri, Path(titles), out, mlflow_uri, cfg, True, force)
-    )
+    out = ctx.layout.index
+    champion = f"models:/{registered_name(ctx.judged.name)}@{CHAMPION}"
+    titles = Path(ctx.cfg.catalogue or clean.path)
+
+    def job() -> dict[str, Any]:
+        return index(ctx.spark(), champion, titles, out, ctx.mlflow_uri, ctx.cfg.index, True, ctx.force)
+
+    return run_data_stage("index", champion, out, job)
 
 
-def analyze_stage(layout: Layout, checkpoints: list[str], judged: JudgedSet, force: bool) -> StageOutput | None:
+def analyze_stage(ctx: RunContext, train: list[StageOutput]) -> StageOutput | None:
     """`dssm analyze` of the first recurrent model (against the RNN when one was trained beside it) on
     the judged set's test queries, logged to its training run; None when no recurrent model was trained."""
     from analysis.lstm import RECURRENT
     from analysis.report import AnalyzeConfig, analyze
     from modeling.checkpoint import read_checkpoint
 
+    checkpoints = [t.path for t in train]
     encoders = {c: read_checkpoint(Path(c))["config"]["model"]["encoder"] for c in checkpoints}
     recurrent = [c for c in checkpoints if encoders[c] in RECURRENT]
     if not recurrent:
@@ -378,8 +339,8 @@ def analyze_stage(layout: Layout, checkpoints: list[str], judged: JudgedSet, for
         return None
     main = next((c for c in recurrent if encoders[c] != "rnn"), recurrent[0])
     compare = next((c for c in recurrent if encoders[c] == "rnn" and c != main), None)
-    out = layout.analysis
-    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=judged, force=force)
+    out = ctx.layout.analyze
+    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=ctx.judged, force=ctx.force)
 
     def job() -> dict[str, Any]:
         result = analyze(cfg)

@@ -135,7 +135,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert (work / "analysis" / "analysis.md").is_file() and stages["analyze"]["path"] == str(work / "analysis")
     assert "analysis/analysis.md" in {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "analysis")}
     # the resolved run config: in report.json and with the training run
-    assert summary["config"]["negatives"]["seed"] == 13 and summary["config"]["train"]["overrides"] == train
+    assert summary["config"]["negatives"]["seed"] == 13 and summary["config"]["train"]["checkpoint_every"] == 10
     logged = Path(mlflow.MlflowClient().download_artifacts(train_run, "run_config.json", str(tmp_path)))
     logged = json.loads(logged.read_text())
     assert logged == summary["config"]
@@ -200,34 +200,36 @@ def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, ca
     assert not (work / "clean").exists() and not (work / "report.json").exists()
 
 
-def test_train_stage_skips_a_finished_run_retrains_a_changed_one_and_launches_torchrun(tiny_data, tmp_path, caplog):
+def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_torchrun(tiny_data, tmp_path, caplog):
     import shutil
+    from dataclasses import replace
 
     import torch
 
     from core.layout import Layout
-    from flows.stages import train_stage
+    from flows.stages import train_model
     from modeling.checkpoint import read_checkpoint
+    from modeling.config import load_config
 
     work = tmp_path / "w"
     shutil.copytree(tiny_data, work)
     layout = Layout(work)
-    negatives = str(layout.negatives)
-    overrides = ["data.batch_size=16", "epochs=1", "model.ncell=8"]
-    first = train_stage(layout, negatives, overrides, nproc=1, force=False)
+    tiny = load_config(None, ["data.batch_size=16", "epochs=1", "model.ncell=8"])
+    first = train_model(layout, tiny, nproc=1, force=False)
     assert not first.skipped and first.counts["steps"] == 6 and Path(first.path).exists()
-    again = train_stage(layout, negatives, overrides, nproc=1, force=False)
+    again = train_model(layout, tiny, nproc=1, force=False)
     assert again.skipped and again.sha256 == first.sha256
     # a run made before a config key existed is still this config: the key's default keeps its behaviour
     state = read_checkpoint(Path(first.path))
     del state["config"]["model"]["gran_type"], state["config"]["loss"]["l2_embeddings"]
     torch.save(state, first.path)
-    assert train_stage(layout, negatives, overrides, nproc=1, force=False).skipped
+    assert train_model(layout, tiny, nproc=1, force=False).skipped
     caplog.set_level(logging.INFO)
-    changed = train_stage(layout, negatives, [*overrides, "model.ncell=4"], nproc=1, force=False)
+    smaller = replace(tiny, model=replace(tiny.model, ncell=4))
+    changed = train_model(layout, smaller, nproc=1, force=False)
     assert any("model config model.ncell 8 -> 4; training" in r.getMessage() for r in caplog.records)
-    # another config: trained afresh, here by 2 gloo processes under torchrun
-    changed = train_stage(layout, negatives, [*overrides, "model.ncell=4", "epochs=2"], nproc=2, force=False)
+    # another config: trained afresh, here by 2 gloo processes under torchrun, which get the resolved config
+    changed = train_model(layout, replace(smaller, epochs=2), nproc=2, force=False)
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
     state = read_checkpoint(Path(changed.path))
     assert state["config"]["model"]["ncell"] == 4 and state["step"] == 12

@@ -47,10 +47,10 @@ def test_the_curve_estimated_from_clean_impressions_matches_the_simulators_truth
 def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark, pipeline, tmp_path):
     from core.errors import DssmError
     from core.layout import Layout
-    from flows.stages import propensity_stage
+    from flows.stages import RunContext, StageOutput, propensity_stage
     from jobs.clean import CleanConfig, clean
     from jobs.negatives import NegativesConfig, negatives
-    from jobs.propensity import PropensityConfig, propensity
+    from jobs.propensity import propensity
 
     out = tmp_path / "clean"
     manifest = clean(spark, str(pipeline["simulate"]), out, CleanConfig(impressions=False))
@@ -61,7 +61,11 @@ def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark
     for needs in (NegativesConfig(skip_above=0.5), NegativesConfig(debias=True), NegativesConfig(list_size=10)):
         with pytest.raises(DssmError, match="skip_above, debias and list_size need the impressions"):
             negatives(spark, out, tmp_path / "negatives", needs)
-    assert propensity_stage(Layout(tmp_path), str(out), PropensityConfig(), None, False) is None  # the flow goes on
+    from flows.config import RunConfig
+
+    ctx = RunContext(RunConfig(), Layout(tmp_path), None, "", None, [], 1)
+    cleaned = StageOutput("clean", str(out), manifest["content_sha256"], False, 0.0)
+    assert propensity_stage(ctx, cleaned) is None  # the flow goes on
 
 
 def read_counts(path):

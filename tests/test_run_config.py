@@ -40,14 +40,17 @@ def test_every_stage_option_is_a_key(tmp_path):
             "vocab.min_count=3",
             "simulate.model.eta=1.5",
             "judgments.spec.encoding=utf-8",
-            "train.overrides=epochs=2,optim.lr=0.05",
+            "train.epochs=2",
+            "train.optim.lr=0.05",
+            "train.model.hidden=[200, 100]",
             "evaluate.baselines=bm25,ulm",
             "analyze=false",
         ]
     )
     assert (cfg.negatives.valid_fraction, cfg.negatives.shards, cfg.clean.bot_max_per_minute) == (0.2, 4, 30)
     assert cfg.vocab.min_count == 3 and cfg.simulate.model.eta == 1.5 and cfg.judgments.spec.encoding == "utf-8"
-    assert cfg.train.overrides == ["epochs=2", "optim.lr=0.05"] and cfg.evaluate.baselines == ["bm25", "ulm"]
+    assert (cfg.train.epochs, cfg.train.optim.lr, cfg.train.model.hidden) == (2, 0.05, [200, 100])  # YAML lists
+    assert cfg.evaluate.baselines == ["bm25", "ulm"]
     assert cfg.analyze is False
 
 
@@ -56,11 +59,14 @@ def test_every_stage_option_is_a_key(tmp_path):
     [
         (["negatives.sede=7"], "unknown key negatives.sede"),
         (["negatives.seed=seven"], "cannot read 'seven' as int"),
-        (["train.overrides=optim.lrr=1"], "unknown key optim.lrr"),
+        (["train.optim.lrr=1"], "unknown key train.optim.lrr"),
+        (["train.overrides=epochs=2"], "unknown key train.overrides"),
+        (["train.optim.name=sgd"], "optim.name 'sgd'"),
+        (["train.mlflow_uri=sqlite:///x.db"], "train.mlflow_uri is set by the flow"),
         (["train.models=lstm,transformer"], "unknown encoder"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
         (["negatives=3"], "expected a section"),
-        (["index.kind=ivf"], "index.kind must be one of auto, flat, hnsw"),
+        (["index.kind=ivf"], "index.kind: .ivf. is not one of auto, flat, hnsw"),
         (["catalogue=/no/such/titles.parquet"], "catalogue /no/such/titles.parquet: not found"),
         (["window_days=2", "run_date=yesterday"], "run_date must be a date YYYY-MM-DD, got 'yesterday'"),
         (["window_days=-1"], "window_days must be >= 0"),

@@ -1,0 +1,171 @@
+"""Command-line options and docs tables generated from config dataclasses: one field is one option.
+
+A field's help is the comment on its line (or the comment block right above it), as the config
+modules already document their fields; its flag is its name with dashes (`skip_above` ->
+`--skip-above`, one letter -> `-n`), its type and default come from the annotation and the
+default, a `Literal[...]` annotation gives the choices and a bool gives `--x/--no-x`. The same
+fields resolve YAML keys and KEY=VALUE overrides (core/config.py), so adding an option to a stage
+is one commented field in its config dataclass: the flag, the key, `--help` and the docs table
+(`config_table`, checked against docs/ by tests/test_options.py) follow from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import io
+import textwrap
+import tokenize
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from core.config import apply, convert
+from core.errors import DssmError
+
+
+@functools.cache
+def field_help(cls: type) -> dict[str, str]:
+    """{field: its comment} from the class's source: the comment on the field's line(s), else the
+    comment lines directly above it. Fields of base classes come from their own source."""
+    helps: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            helps.update(field_help(base))
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (a frozen app): flags keep their defaults as help
+        return helps
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    lines = source.splitlines()
+    body = ast.parse(source).body[0]
+    for node in getattr(body, "body", []):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        inline = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+        above: list[str] = []
+        n = node.lineno - 1
+        while n in comments and lines[n - 1].lstrip().startswith("#"):
+            above.insert(0, comments[n])
+            n -= 1
+        text = " ".join(inline or above)
+        helps[node.target.id] = text
+    return helps
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, str):
+        return value or '""'
+    return str(value)
+
+
+def _choices(hint: Any) -> tuple[Any, ...] | None:
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+def _converter(hint: Any, key: str):
+    def to_value(text: str) -> Any:
+        try:
+            return convert(text, hint, key)
+        except DssmError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    to_value.__name__ = getattr(hint, "__name__", "value")  # argparse names it in "invalid X value"
+    return to_value
+
+
+def add_config_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    skip: Iterable[str] = (),
+    flatten: Iterable[str] = (),
+    prefix: str = "",
+    flag_prefix: str = "",
+) -> None:
+    """A flag for every field of the dataclass `cls` (nested sections: `--SECTION.FIELD`, or the
+    field's own flag for a section in `flatten`), stored under its dotted key and only when given
+    (`config_from_options` builds the config from them). `skip`: fields (dotted) a command sets itself."""
+    skip, flatten = set(skip), set(flatten)
+    default = cls()
+    hints = _hints(cls)
+    helps = field_help(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if key in skip:
+            continue
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            nested_flags = flag_prefix if key in flatten else f"{flag_prefix}{f.name}."
+            add_config_options(
+                parser, type(value), skip=skip, flatten=flatten, prefix=key + ".", flag_prefix=nested_flags
+            )
+            continue
+        hint = hints[f.name]
+        text = helps.get(f.name, "")
+        leaf = f.name.replace("_", "-")
+        names = [f"-{leaf}" if len(leaf) == 1 and not flag_prefix else f"--{flag_prefix.replace('_', '-')}{leaf}"]
+        kwargs: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS}
+        if hint is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+            text = f"{text} (default: {'on' if value else 'off'})".lstrip()
+        else:
+            kwargs["type"] = _converter(hint, key)
+            kwargs["choices"] = _choices(hint)
+            kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}" if kwargs["choices"] else None
+            if kwargs["metavar"] is None:
+                kwargs["metavar"] = f.name.upper()
+            text = f"{text} (default: {_shown(value)})".lstrip()
+        parser.add_argument(*names, help=text.replace("%", "%%"), **kwargs)
+
+
+def config_from_options(cls: type, args: argparse.Namespace, **values: Any) -> Any:
+    """`cls()` with the flags of `add_config_options` that were given, then `values`."""
+    keys = {f.name for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in vars(args).items() if k.split(".")[0] in keys}
+    nested: dict[str, Any] = {}
+    for key, value in given.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return dataclasses.replace(apply(cls(), nested), **values) if values else apply(cls(), nested)
+
+
+def config_rows(cls: type, prefix: str = "", skip: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+    """(dotted key, help, default) of every field of `cls`, nested sections included."""
+    rows: list[tuple[str, str, str]] = []
+    default, helps, skip = cls(), field_help(cls), set(skip)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if key in skip:
+            continue
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += config_rows(type(value), key + ".", skip)
+        else:
+            rows.append((key, helps.get(f.name, ""), _shown(value)))
+    return rows
+
+
+def config_table(cls: type, prefix: str = "", skip: Iterable[str] = ()) -> str:
+    """The Markdown table of `config_rows`: key, what it does, default."""
+    lines = ["| key | what | default |", "|---|---|---|"]
+    for key, text, default in config_rows(cls, prefix, skip):
+        cell = text.replace("|", "\\|")
+        lines.append(f"| `{key}` | {cell} | `{default}` |")
+    return "\n".join(lines)

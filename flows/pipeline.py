@@ -1,0 +1,228 @@
+"""The retrain pipeline as one declarative list: what runs, in which order, on what, and when.
+
+PIPELINE is the single description of the flow: flows/retrain.py walks it (each entry a Prefect
+task), the progress bar counts it, `dssm run --help` lists it, report.json's stages follow its
+order, and tests/test_pipeline.py holds docs/architecture.md's stage table to it. A stage reads
+the outputs of stages before it by name, and with `Earlier(NAME)` what stage NAME left in the work
+dir from an earlier run (e.g. last night's index, before this run's index stage rebuilds it).
+
+Adding a stage: a function in flows/stages.py (or its own module), one entry here, one `Layout`
+name for its output, one row in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flows import stages
+from flows.stages import RunContext, StageOutput
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """The output stage `stage` left in the work dir from an earlier run (None when there is none);
+    the stage receives it as `earlier_STAGE`."""
+
+    stage: str
+
+    @property
+    def arg(self) -> str:
+        return f"earlier_{self.stage}"
+
+
+def _always(ctx: RunContext) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[..., StageOutput | None]  # run(ctx, [item,] **reads); None: nothing to do this time
+    doc: str  # one line: what it makes (dssm run --help)
+    section: str = ""  # the run config section that configures it (docs/flows.md)
+    reads: tuple[str | Earlier, ...] = ()  # earlier stages' outputs, passed by name
+    when: Callable[[RunContext], bool] = _always
+    unless: str = ""  # when it does not run (logged, and shown in --help)
+    each: Callable[[RunContext], list[str]] | None = None  # one task per item (train: per encoder)
+    retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
+
+    def arg_names(self) -> list[str]:
+        return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
+
+
+def evaluates(ctx: RunContext) -> bool:
+    """Simulated logs are evaluated on their judged set; ingested ones only when a judged set is given."""
+    return bool(ctx.cfg.judgments.path) or not ctx.cfg.logs
+
+
+PIPELINE: tuple[Stage, ...] = (
+    Stage(
+        "simulate",
+        stages.simulate_stage,
+        "click logs simulated from the judged set's train queries (windowed runs: the run date's partition)",
+        section="simulate",
+        when=lambda ctx: not ctx.cfg.logs,
+        unless="raw logs given (logs)",
+    ),
+    Stage(
+        "clean",
+        stages.clean_stage,
+        "raw logs parsed and validated: clicked pairs, title pool, impressions, rejects",
+        section="clean",
+        reads=("simulate",),
+        retried=True,
+    ),
+    Stage(
+        "propensity",
+        stages.propensity_stage,
+        "the examination probability of each rank (position bias), by EM",
+        section="propensity",
+        reads=("clean",),
+        retried=True,
+    ),
+    Stage("vocab", stages.vocab_stage, "letter-trigram and word vocabularies", section="vocab", reads=("clean",)),
+    Stage(
+        "negatives",
+        stages.negatives_stage,
+        "training rows: clicked pairs with sampled negatives, train/validation split by query",
+        section="negatives",
+        reads=("clean", "propensity"),
+        retried=True,
+    ),
+    Stage(
+        "train",
+        stages.train_stage,
+        "one model per encoder of train.models (torchrun with train.nproc processes)",
+        section="train",
+        reads=("negatives", "vocab"),
+        each=lambda ctx: ctx.cfg.train.encoders(),
+    ),
+    Stage(
+        "evaluate",
+        stages.evaluate_stage,
+        "NDCG against the baselines on the test queries, MLflow runs, registry, champion gate",
+        section="evaluate",
+        reads=("train", "negatives"),
+        when=evaluates,
+        unless="raw logs given without judgments.path: nothing to evaluate on",
+        retried=True,
+    ),
+    Stage(
+        "index",
+        stages.index_stage,
+        "the champion's ANN index over the catalogue, for dssm search",
+        section="index",
+        reads=("clean",),
+        when=lambda ctx: evaluates(ctx) and ctx.cfg.index_champion,
+        unless="index_champion=false, or no evaluation",
+        retried=True,
+    ),
+    Stage(
+        "analyze",
+        stages.analyze_stage,
+        "what the trained LSTM-RNN reads (Palangi et al. section V-A)",
+        reads=("train",),
+        when=lambda ctx: evaluates(ctx) and ctx.cfg.analyze,
+        unless="analyze=false, or no evaluation",
+    ),
+)
+
+
+def check(pipeline: tuple[Stage, ...]) -> None:
+    """Names are unique; a stage reads only stages before it, or what any stage left earlier."""
+    seen: list[str] = []
+    names = {s.name for s in pipeline}
+    for s in pipeline:
+        if s.name in seen:
+            raise ValueError(f"stage {s.name} is listed twice")
+        for read in s.reads:
+            if isinstance(read, Earlier) and read.stage not in names:
+                raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which is no stage")
+            if isinstance(read, str) and read not in seen:
+                raise ValueError(f"stage {s.name} reads {read!r}, which does not run before it")
+        seen.append(s.name)
+
+
+def planned(pipeline: tuple[Stage, ...], ctx: RunContext) -> int:
+    """How many tasks a run of `pipeline` makes: the progress bar's total."""
+    return sum(len(s.each(ctx)) if s.each else 1 for s in pipeline if s.when(ctx))
+
+
+def walk(
+    pipeline: tuple[Stage, ...],
+    ctx: RunContext,
+    done: Callable[[Stage, StageOutput | None], None],
+    log: Any,
+) -> dict[str, Any]:
+    """Run `pipeline` in order, each stage (or item) as a Prefect task, inside the calling flow;
+    returns every stage's output by name (a list for stages with `each`, None for those that did
+    not run). `done` is told of each task's output as it finishes."""
+    from prefect import task
+
+    outputs: dict[str, Any] = {}
+    for stage in pipeline:
+        if not stage.when(ctx):
+            log.info("%s: not run (%s)", stage.name, stage.unless)
+            outputs[stage.name] = [] if stage.each else None
+            continue
+        reads = {name: _read(read, outputs, ctx) for name, read in zip(stage.arg_names(), stage.reads, strict=True)}
+        as_task = task(stage.run, name=stage.name, **task_options(stage))
+        if stage.each:
+            outputs[stage.name] = []
+            for item in stage.each(ctx):
+                out = as_task.with_options(task_run_name=f"{stage.name}-{item}")(ctx, item, **reads)
+                outputs[stage.name].append(out)
+                done(stage, out)
+        else:
+            outputs[stage.name] = as_task(ctx, **reads)
+            done(stage, outputs[stage.name])
+    return outputs
+
+
+def _read(read: str | Earlier, outputs: dict[str, Any], ctx: RunContext) -> Any:
+    if isinstance(read, Earlier):
+        return StageOutput.left_by_earlier_run(read.stage, getattr(ctx.layout, read.stage))
+    return outputs[read]
+
+
+def _worth_retrying(task, task_run, state) -> bool:
+    """Retry what may pass (a Spark master or MLflow server not reachable yet), not bad data."""
+    from core.errors import StageFailed
+
+    try:
+        state.result()
+    except StageFailed as e:
+        return e.transient
+    except Exception:
+        return True
+    return False
+
+
+def task_options(stage: Stage) -> dict[str, Any]:
+    """Prefect's own result cache is off (the stages' manifests are the cache: Prefect's could not see
+    an output deleted or replaced since); services' stages retry with backoff: 5 s, 10 s."""
+    from prefect.cache_policies import NO_CACHE
+    from prefect.tasks import exponential_backoff
+
+    once = {"cache_policy": NO_CACHE, "persist_result": False}
+    if not stage.retried:
+        return once
+    return once | {
+        "retries": 2,
+        "retry_delay_seconds": exponential_backoff(backoff_factor=5),
+        "retry_condition_fn": _worth_retrying,
+    }
+
+
+def describe(pipeline: tuple[Stage, ...] = PIPELINE) -> str:
+    """The stage list of `dssm run --help`."""
+    lines = ["stages, in order (each a Prefect task; finished ones with unchanged inputs are skipped):"]
+    for s in pipeline:
+        reads = f" <- {', '.join(r.arg if isinstance(r, Earlier) else r for r in s.reads)}" if s.reads else ""
+        lines.append(f"  {s.name:<11}{s.doc}{reads}" + (f" [not run: {s.unless}]" if s.unless else ""))
+    return "\n".join(lines)
+
+
+check(PIPELINE)

@@ -1,0 +1,108 @@
+"""The pipeline as one declarative list: the flow, the progress total, `dssm run --help` and
+docs/architecture.md follow PIPELINE; a stage can read what an earlier run left (real Prefect flow runs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core.layout import Layout
+from flows.config import RunConfig, load_run_config
+from flows.pipeline import PIPELINE, Earlier, Stage, check, describe, planned, walk
+from flows.stages import RunContext, StageOutput, run_data_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stage_table(doc: Path) -> list[str]:
+    """The first column of the first table whose header starts `| stage |`."""
+    lines = doc.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| stage |"))
+    names = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        names.append(line.split("|")[1].strip())
+    return names
+
+
+def test_the_architecture_doc_lists_the_pipelines_stages_in_order():
+    assert stage_table(ROOT / "docs" / "architecture.md") == [s.name for s in PIPELINE]
+
+
+def test_every_stage_has_a_layout_name_and_the_help_lists_them_in_order():
+    layout = Layout("w")
+    text = describe()
+    positions = [text.index(f"  {s.name} ") for s in PIPELINE]
+    assert positions == sorted(positions)
+    for s in PIPELINE:
+        output = getattr(layout, s.name)
+        assert isinstance(output("lstm") if s.each else output, Path), s.name
+
+
+def context(tmp_path: Path, *overrides: str) -> RunContext:
+    cfg = load_run_config(overrides=[f"workdir={tmp_path}", *overrides])
+    return RunContext(cfg, Layout(tmp_path), None, "", None, cfg.window(), 1)
+
+
+def test_the_progress_total_counts_what_will_run(tmp_path):
+    assert planned(PIPELINE, context(tmp_path)) == len(PIPELINE)
+    # ingested logs without judgments: no simulate, nothing to evaluate, index or analyse; two models
+    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]")
+    assert planned(PIPELINE, ingest) == len(PIPELINE) - 4 + 1
+
+
+def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():
+    def noop(ctx):
+        return None
+
+    with pytest.raises(ValueError, match="does not run before it"):
+        check((Stage("a", noop, "", reads=("b",)), Stage("b", noop, "")))
+    with pytest.raises(ValueError, match="which is no stage"):
+        check((Stage("a", noop, "", reads=(Earlier("nothing"),)),))
+    check((Stage("a", noop, "", reads=(Earlier("b"),)), Stage("b", noop, "")))  # last run's b, before this run's
+
+
+# Two toy stages: `mine` runs first and reads the index an earlier run left; `index` then rebuilds it.
+def _index(ctx: RunContext) -> StageOutput:
+    from core.artifacts import publish
+
+    run = len(list(ctx.layout.workdir.glob("mined-*")))
+
+    def build(tmp: Path) -> dict:
+        (tmp / "titles.txt").write_text(f"index of run {run}\n")
+        return {"counts": {"run": run}}
+
+    return run_data_stage("index", "toy", ctx.layout.index, lambda: publish(ctx.layout.index, "index", "code",
+                                                                            {}, {"run": run}, build))  # fmt: skip
+
+
+def _mine(ctx: RunContext, earlier_index: StageOutput | None) -> StageOutput | None:
+    run = len(list(ctx.layout.workdir.glob("mined-*")))
+    seen = "none" if earlier_index is None else f"{earlier_index.sha256} {earlier_index.skipped}"
+    (ctx.layout.workdir / f"mined-{run}").write_text(seen)
+    return None
+
+
+TOY = (
+    Stage("mine", _mine, "reads last run's index", reads=(Earlier("index"),)),
+    Stage("index", _index, "rebuilds the index"),
+)
+
+
+def test_a_stage_gets_the_output_an_earlier_flow_run_left(tmp_path):
+    from prefect import flow
+
+    @flow(name="toy-pipeline")
+    def toy(workdir: str) -> str:
+        ctx = RunContext(RunConfig(workdir=workdir), Layout(workdir), None, "", None, [], 1)
+        outputs = walk(TOY, ctx, lambda stage, out: None, __import__("logging").getLogger("test"))
+        return outputs["index"].sha256
+
+    first = toy(str(tmp_path))
+    assert (tmp_path / "mined-0").read_text() == "none"  # the first run: no index yet
+    second = toy(str(tmp_path))
+    assert (tmp_path / "mined-1").read_text() == f"{first} True"  # the first run's index, as it left it
+    assert second != first and re.fullmatch(r"[0-9a-f]{64}", second)
