@@ -23,6 +23,25 @@ from evaluation.protocol import ndcg, paired_test, pairs_in_order
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = ROOT.parent / "shared" / "data"  # the real data sets, beside the repository (README, "Data")
 HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
+TABLE4 = ROOT / "configs" / "homedepot_table4"  # Table IV's chosen `dssm run` configs, one per encoder
+
+
+def training_keys(run_config: Path) -> list[str]:
+    """A `dssm run` config file's training settings as `dssm train` KEY=VALUEs (the flow's own keys
+    of the train section, such as train.models, left out)."""
+    from dataclasses import fields
+
+    from core.config import flat
+    from flows.config import TrainSection, load_run_config
+    from modeling.config import TrainConfig
+
+    section = load_run_config(run_config).train
+    given = flat(section)
+    defaults = flat(TrainSection())
+    training = {f.name for f in fields(TrainConfig)}
+    return [
+        f"{key}={value}" for key, value in given.items() if key.split(".")[0] in training and value != defaults[key]
+    ]
 
 
 def dssm(*args: str) -> None:

@@ -3,10 +3,11 @@
     .venv/bin/python reproductions/homedepot_table4.py            # the table on the test queries
     .venv/bin/python reproductions/homedepot_table4.py --dev      # the same on validation queries (tuning)
 
-1. `dssm run` simulates click logs from the train queries (PROTOCOL.md §3), cleans them, builds the
-   vocabulary and negatives, and trains the LSTM-RNN with the chosen config (CHOSEN below);
-2. `dssm run` trains each other encoder on the same data with CHOSEN and its own learning rate
-   (ENCODER_LR below; finished runs are kept, not redone);
+1. `dssm run --config configs/homedepot_table4/lstm.yaml` simulates click logs from the train
+   queries (PROTOCOL.md §3), cleans them, builds the vocabulary and negatives, and trains the
+   LSTM-RNN with the chosen config;
+2. `dssm run` trains each other encoder on the same data with its own file of that folder (the same
+   config, its own learning rate; finished runs are kept, not redone);
 3. `dssm evaluate` scores every model, its hybrid with BM25 (weight fit on the validation queries)
    and every baseline on the 1,580 test queries, writes the report to
    WORKDIR/eval (or WORKDIR/dev-eval) and logs every system to WORKDIR/mlflow.db;
@@ -17,8 +18,8 @@
    rows (the model and its hybrid with BM25: mean ± sd over seeds) and paired t-tests of the
    seed-averaged per-query NDCG against BM25 and MiniLM. The pinned row is that mean, not a seed.
 
-The chosen config and learning rates were picked on the validation queries only (BENCHMARKS.md lists
-the candidates).
+The chosen config and learning rates were picked on the validation queries only
+(docs/studies/table4-config.md lists the candidates).
 """
 
 from __future__ import annotations
@@ -34,13 +35,9 @@ import numpy as np
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
-from scripts_common import HOME_DEPOT, dssm, paired_cell, per_query_ndcg, seed_mean
+from scripts_common import HOME_DEPOT, TABLE4, dssm, paired_cell, per_query_ndcg, seed_mean, training_keys
 
-CHOSEN = ["epochs=10", "loss.pair_weight=log_clicks"]  # BENCHMARKS.md: best mean dev NDCG of the candidates
-# Best mean dev NDCG@1/3/10 of lr 0.1/0.03/0.01/0.003/0.001 (rnn) and 0.1/0.03/0.01 (dssm): the tanh
-# RNN does not train at the LSTM's 0.1 (validation loss stays at chance, ln 5).
-ENCODER_LR = {"rnn": ["optim.lr=0.003"], "dssm": ["optim.lr=0.03"]}
-ENCODERS = ("lstm", "rnn", "dssm")
+ENCODERS = ("lstm", "rnn", "dssm")  # one chosen config each: TABLE4/ENCODER.yaml
 BASELINES = "bm25,doc2vec,ulm,plsa,minilm"
 
 
@@ -54,11 +51,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
     p.add_argument("--workdir", type=Path, default=Path("bench-work/hd"))
-    p.add_argument("--impressions", type=int, default=1_000_000)
+    p.add_argument("--impressions", help="impressions to simulate (default: the config files', 1_000_000)")
     p.add_argument("--encoders", default=",".join(ENCODERS), help="trained models in the table (default: %(default)s)")
     p.add_argument("--baselines", default=BASELINES, help="(default: %(default)s)")
     p.add_argument(
-        "--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="config of every model, after ENCODER_LR"
+        "--train", nargs="*", default=[], metavar="KEY=VALUE", help="training keys of every model, after its file's"
     )
     p.add_argument("--dev", action="store_true", help="evaluate on the validation queries, not the test queries")
     p.add_argument("--seeds", default="1,2,3", help="seeds of the first encoder (default: %(default)s)")
@@ -67,10 +64,12 @@ def main() -> None:
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
 
     work = args.workdir
-    data = ["--judgments", str(args.judgments), "--workdir", str(work), "--impressions", str(args.impressions)]
+    data = ["--judgments", str(args.judgments), "--workdir", str(work)]
+    data += ["--impressions", args.impressions] if args.impressions else []
     encoders = [e for e in args.encoders.split(",") if e]
     for encoder in encoders:  # the data stages run once; later calls find them up to date
-        dssm("run", *data, "--train", f"model.encoder={encoder}", *ENCODER_LR.get(encoder, []), *args.train)
+        extra = ["--train", *args.train] if args.train else []
+        dssm("run", "--config", str(TABLE4 / f"{encoder}.yaml"), *data, *extra)
     layout = Layout(work)
     seeds = [int(x) for x in args.seeds.split(",")]
     first, extra = encoders[0], []
@@ -78,8 +77,9 @@ def main() -> None:
         out = layout.train(f"{first}-seed{seed}")
         extra.append(out)
         # a finished run with this config, data and code is skipped; one made otherwise is retrained
-        dssm("train", "--workdir", str(work), "--on-change", "restart", f"model.encoder={first}",
-             *ENCODER_LR.get(first, []), *args.train, f"seed={seed}", f"out={out}")  # fmt: skip
+        chosen = training_keys(TABLE4 / f"{first}.yaml")
+        dssm("train", "--workdir", str(work), "--on-change", "restart", *chosen, *args.train, f"seed={seed}",
+             f"out={out}")  # fmt: skip
     out = work / ("dev-eval" if args.dev else "eval")
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:

@@ -41,8 +41,16 @@ from scipy import stats
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
 from jobs.simulate import PROMOTED_BRANDS
-from reproductions.homedepot_table4 import CHOSEN
-from scripts_common import HOME_DEPOT, dssm, paired_cell, per_query_ndcg, per_query_pairs_in_order, seed_mean
+from scripts_common import (
+    HOME_DEPOT,
+    TABLE4,
+    dssm,
+    paired_cell,
+    per_query_ndcg,
+    per_query_pairs_in_order,
+    seed_mean,
+    training_keys,
+)
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -71,7 +79,13 @@ def main() -> None:
     p.add_argument(
         "--promoted-brands", choices=PROMOTED_BRANDS, help="which brands the promotion lifts (dssm simulate's)"
     )
-    p.add_argument("--train", nargs="*", default=CHOSEN, metavar="KEY=VALUE", help="common config, before variants")
+    p.add_argument(
+        "--train",
+        nargs="*",
+        default=training_keys(TABLE4 / "lstm.yaml"),
+        metavar="KEY=VALUE",
+        help="common config, before variants (default: Table IV's LSTM-RNN, configs/homedepot_table4/lstm.yaml)",
+    )
     p.add_argument("--test", action="store_true", help="also score the models on the test queries")
     p.add_argument(
         "--train-only",

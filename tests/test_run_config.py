@@ -130,3 +130,16 @@ def test_a_window_ends_on_the_run_date_and_defaults_to_today_in_utc():
     ]
     assert load_run_config(overrides=["window_days=1"]).window() == [datetime.now(UTC).date().isoformat()]
     assert load_run_config().window() == []  # not windowed: all logs are one input
+
+
+def test_the_committed_run_configs_load():
+    """configs/ (make table4's chosen configs) and prefect.yaml's deployment parameter are valid run configs."""
+    import yaml
+
+    files = sorted((ROOT / "configs").rglob("*.yaml"))
+    assert files
+    encoders = {load_run_config(f).train.model.encoder for f in files}
+    assert encoders >= {"lstm", "rnn", "dssm"}
+    for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        cfg = load_run_config(as_yaml(deployment["parameters"]["config"]))
+        assert cfg.train.epochs == 10 and cfg.train.loss.pair_weight == "log_clicks"

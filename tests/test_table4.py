@@ -1,16 +1,18 @@
 """Papers as tests: PROTOCOL.md's reference rows and our Table IV row of the LSTM-RNN on Home Depot.
 
-The LSTM-RNN row is re-measured from the raw judged file as benchmarks/homedepot_table4.py does
-it (LSTM only): `dssm run` simulates 1M impressions, cleans, builds the vocabulary and negatives,
-trains with the chosen config and evaluates against BM25. To keep the suite within its time budget
-it trains 4 epochs instead of the table's 10 and pins that run's rows, the LSTM-RNN and its hybrid with
-BM25 (BENCHMARKS.md, "CI's pinned row"); `make table4` reproduces the full table with 3 seeds.
+The LSTM-RNN row is re-measured from the raw judged file as reproductions/homedepot_table4.py does
+it (LSTM only): `dssm run --config configs/homedepot_table4/lstm.yaml` simulates 1M impressions,
+cleans, builds the vocabulary and negatives, trains with the chosen config and evaluates against
+BM25. To keep the suite within its time budget it trains 4 epochs instead of the table's 10 and
+pins that run's rows, the LSTM-RNN and its hybrid with BM25 (BENCHMARKS.md, "CI's pinned row");
+`make table4` reproduces the full table with 3 seeds.
 Skipped where ../shared/data is absent.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,7 @@ REFERENCE = {"bm25": (70.1, 73.9, 88.4), "doc2vec": (67.2, 71.6, 87.3), "minilm"
 PINNED_LSTM = (71.69, 75.35, 89.03)
 PINNED_HYBRID = (71.75, 75.77, 89.10)  # lstm+bm25, the fusion weight fit on the validation queries
 CI_EPOCHS = 4
+CHOSEN = Path(__file__).resolve().parents[1] / "configs" / "homedepot_table4" / "lstm.yaml"  # make table4's
 TOLERANCE = 1.0  # seeds are fixed, but threads change float summation order in training
 
 
@@ -49,9 +52,8 @@ def test_bm25_reproduces_the_protocol_reference_row(hd_pairs):
 
 def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
     work = tmp_path / "work"
-    data = ["--judgments", str(home_depot), "--workdir", str(work), "--impressions", "1000000"]
-    chosen = [f"epochs={CI_EPOCHS}", "loss.pair_weight=log_clicks"]  # homedepot_table4.py's CHOSEN, shorter
-    assert dssm_main(["run", *data, "--train", *chosen]) == 0  # ends with `dssm evaluate` against BM25
+    data = ["--judgments", str(home_depot), "--workdir", str(work)]
+    assert dssm_main(["run", "--config", str(CHOSEN), *data, "--epochs", str(CI_EPOCHS)]) == 0  # ends with evaluate
     report = json.loads((work / "eval" / "report.json").read_text())
     lstm, bm25, hybrid = (report["systems"][s] for s in ("lstm", "bm25", "lstm+bm25"))
     assert report["eval_queries"] == 1_580 and report["eval_pairs"] == 13_065
