@@ -26,10 +26,10 @@ from core.errors import DssmError
 class JudgedSetSpec:
     """Where a judged set keeps its columns and how its bytes are encoded."""
 
-    query_col: str = "search_term"
-    title_col: str = "product_title"
-    label_col: str = "relevance"
-    encoding: str = "latin-1"
+    query_col: str = "search_term"  # the query column (Home Depot's train.csv names as defaults)
+    title_col: str = "product_title"  # the title column
+    label_col: str = "relevance"  # the graded label column (higher: more relevant)
+    encoding: str = "latin-1"  # the file's text encoding
 
 
 @dataclass(frozen=True)
@@ -41,17 +41,16 @@ class JudgedPair:
 
 
 def add_judgment_options(parser: argparse.ArgumentParser) -> None:
-    """The four options shared by every command that reads a judged set."""
-    d = JudgedSetSpec()
-    g = parser.add_argument_group("judged set columns")
-    g.add_argument("--query-col", default=d.query_col, help="query column (default: %(default)s)")
-    g.add_argument("--title-col", default=d.title_col, help="title column (default: %(default)s)")
-    g.add_argument("--label-col", default=d.label_col, help="label column (default: %(default)s)")
-    g.add_argument("--encoding", default=d.encoding, help="file encoding (default: %(default)s)")
+    """The four options shared by every command that reads a judged set: JudgedSetSpec's fields."""
+    from core.options import add_config_options
+
+    add_config_options(parser.add_argument_group("judged set columns"), JudgedSetSpec)
 
 
 def spec_from_args(args: argparse.Namespace) -> JudgedSetSpec:
-    return JudgedSetSpec(args.query_col, args.title_col, args.label_col, args.encoding)
+    from core.options import config_from_options
+
+    return config_from_options(JudgedSetSpec, args)
 
 
 def _open_text(path: Path, encoding: str) -> tuple[io.TextIOBase, str]:

@@ -61,13 +61,13 @@ class TrainSection(TrainConfig):
 
 @dataclass
 class EvaluateSection:
-    baselines: list[str] = field(default_factory=lambda: ["bm25"])
+    baselines: list[str] = field(default_factory=lambda: ["bm25"])  # beside the models: bm25,doc2vec,ulm,plsa,minilm
     hybrid: bool = True  # also each model + BM25, the fusion weight fit on the negatives' validation queries
 
 
 @dataclass
 class RunConfig:
-    workdir: str = "work"
+    workdir: str = "work"  # where stage outputs go (core/layout.py names each stage's directory)
     logs: str = ""  # raw logs to ingest instead of simulating (file, dir or glob); evaluation then needs judgments
     window_days: int = 0  # > 0: logs are dt=YYYY-MM-DD partitions; train on the last N days up to run_date
     run_date: str = ""  # YYYY-MM-DD the window ends on (windowed runs); empty: today in UTC

@@ -155,12 +155,11 @@ def _number(value: Any) -> str:
 
 def add_arguments(p) -> None:
     """`dssm run`'s options: the run config (flows/config.py); the stage list as the epilog."""
-    import argparse
-
+    from core.options import HelpFormatter
     from flows.config import add_run_arguments
 
     add_run_arguments(p)
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.formatter_class = HelpFormatter
     p.epilog = describe()
 
 

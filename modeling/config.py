@@ -7,9 +7,10 @@ Defaults follow Palangi et al. 2016 where the paper is specific; every departure
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from core.config import flat, load
 from core.errors import DssmError
@@ -17,99 +18,91 @@ from core.errors import DssmError
 
 @dataclass
 class ModelConfig:
-    encoder: str = "lstm"  # a name of modeling.encoders.ENCODERS
-    tokens: str = "trigrams"  # trigrams: the paper's letter-trigram word hashing; words: one vector per word
+    encoder: str = "lstm"  # the encoder: a name of modeling.encoders.ENCODERS (docs/training.md#encoders-modelencoder)
+    tokens: Literal["trigrams", "words"] = "trigrams"  # trigrams: the paper's word hashing; words: a vector per word
     ncell: int = 96  # hidden size of the recurrent encoders (the paper: 96)
-    # The paper's LSTM-RNN experiments use neither a forget gate nor peepholes (section IV).
-    forget_gate: bool = False
-    peepholes: bool = False
-    # dssm: bag-of-trigrams MLP (Huang et al. 2013: 300-300-128); clsm: conv + max-pool + semantic layer.
-    hidden: list[int] = field(default_factory=lambda: [300, 300])
-    out_dim: int = 128
+    forget_gate: bool = False  # LSTM forget gate (the paper's experiments have none, section IV)
+    peepholes: bool = False  # LSTM peephole connections (the paper's experiments have none)
+    hidden: list[int] = field(default_factory=lambda: [300, 300])  # dssm: tanh layers (Huang et al.); clsm: [conv]
+    out_dim: int = 128  # dssm/clsm: the semantic layer's size (Huang et al. 2013: 128)
     window: int = 3  # clsm word window (1, 3 or 5)
-    # One tower for queries and titles: better on Home Depot's dev split (BENCHMARKS.md, 3 seeds).
-    # false: the paper's separate query and document towers (Λ_Q, Λ_D of Algorithm 1).
+    # true: one tower for queries and titles (better on Home Depot's dev split: docs/studies/tied-towers.md);
+    # false: the paper's separate query and document towers (Λ_Q, Λ_D of Algorithm 1)
     shared_towers: bool = True
     max_words: int = 40  # longer texts are truncated (truncated BPTT length T of Algorithm 1)
     dropout: float = 0.0  # Wieting & Gimpel: dropout on word input vectors in training (recurrent, avg)
     gran_type: int = 1  # gran/bigran: 1 = eq. (1); 2-5: the authors' variants (modeling/encoders.py)
-    impl: str = "auto"  # recurrent loop: auto | loop | script | native (nn.LSTM/nn.RNN where the variant allows)
+    impl: Literal["auto", "loop", "script", "native"] = "auto"  # recurrent loop; native: nn.LSTM/nn.RNN where it can
 
 
 @dataclass
 class OptimConfig:
-    name: str = "nesterov"  # nesterov (Algorithm 1) | adam
+    name: Literal["nesterov", "adam"] = "nesterov"  # nesterov: SGD with Nesterov momentum (Algorithm 1)
     lr: float = 0.1  # fixed step size ε (tuned on the validation split; see docs/training.md)
     momentum: float = 0.995  # μ between the first and the last `momentum_edge` of updates
-    momentum_edge_value: float = 0.9  # μ in the first and last 2% of updates (the paper's schedule)
-    momentum_edge: float = 0.02
+    momentum_edge_value: float = 0.9  # μ in the first and last momentum_edge of updates (the paper's schedule)
+    momentum_edge: float = 0.02  # share of updates at each end that use momentum_edge_value
     clip_norm: float = 100.0  # th_G: gradients re-normalised to this global L2 norm when larger
-    weight_decay: float = 0.0
-    # Word-hashing tables: rows (only the rows a batch touches, the same Nesterov updates computed
-    # lazily; modeling/tables.py) | dense (whole tables every step) | auto (rows where exact: Nesterov
-    # without weight decay or loss.l2_embeddings).
-    table_updates: str = "auto"
+    weight_decay: float = 0.0  # L2 weight decay of the optimiser
+    # word-hashing tables: rows (only the rows a batch touches, the same updates computed lazily),
+    # dense (whole tables every step), auto (rows where exact: Nesterov, no weight decay or loss.l2_embeddings)
+    table_updates: Literal["auto", "rows", "dense"] = "auto"
 
 
-TABLE_UPDATES = ("auto", "rows", "dense")
-
-
-PAIR_WEIGHTS = ("none", "clicks", "log_clicks", "ctr", "ipw", "log_ipw")
-
-
-OBJECTIVES = ("click", "paraphrase")
-
-
-ENCODE_IN = ("step", "process")
+TABLE_UPDATES = typing.get_args(typing.get_type_hints(OptimConfig)["table_updates"])
 
 
 @dataclass
 class LossConfig:
-    objective: str = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss (one shared encoder)
+    objective: Literal["click", "paraphrase"] = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss
     margin: float = 0.4  # paraphrase: δ of max(0, δ − cos(s1, s2) + cos(s1, t1))
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = True  # also score every other clicked title of the global batch (all ranks)
-    # weight of a (query, clicked title) row: none | clicks | log_clicks | ctr | ipw | log_ipw (ipw: the
-    # clicks each weighted by 1/examination of its rank, from negatives built with `debias`)
-    pair_weight: str = "none"
+    # weight of a (query, clicked title) row; ipw: its clicks each weighted by 1/examination of their
+    # rank (negatives built with `debias`)
+    pair_weight: Literal["none", "clicks", "log_clicks", "ctr", "ipw", "log_ipw"] = "none"
     # λ of (1 − λ)·eq. (5) + λ·listwise: a softmax over the titles shown for a query against its
     # clicks / expected examinations (needs negatives built with `list_size` > 0; docs/training.md)
     listwise: float = 0.0
-    # Wieting & Gimpel's regularisers, added to the loss: λ_c/2·‖θ‖² over every parameter but the
-    # token embedding tables, and λ_w/2·‖W − W_initial‖² pulling those tables toward their values at
-    # step 0 (random, or the init_from model's).
-    l2_composition: float = 0.0
-    l2_embeddings: float = 0.0
+    l2_composition: float = 0.0  # Wieting & Gimpel's λ_c/2·‖θ‖² over every parameter but the embedding tables
+    l2_embeddings: float = 0.0  # Wieting & Gimpel's λ_w/2·‖W − W_step0‖² pulling the tables to their start
+
+
+PAIR_WEIGHTS = typing.get_args(typing.get_type_hints(LossConfig)["pair_weight"])
+OBJECTIVES = typing.get_args(typing.get_type_hints(LossConfig)["objective"])
 
 
 @dataclass
 class DataConfig:
-    negatives: str = ""  # a `dssm negatives` output (train/, valid/)
-    vocab: str = ""  # a `dssm vocab` output (trigrams/)
+    negatives: str = ""  # a `dssm negatives` output (train/, valid/); empty: WORKDIR/negatives
+    vocab: str = ""  # a `dssm vocab` output (trigrams/); empty: WORKDIR/vocab
     batch_size: int = 256  # global examples per step, split evenly over ranks and shards
     shuffle_buffer: int = 16_384  # rows per shard shuffled together (shards are written sorted by query)
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
     scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
-    encode_in: str = "step"  # where batches are read and tokenised: step (inline) | process (a worker, ahead)
+    encode_in: Literal["step", "process"] = "step"  # where batches are tokenised: inline, or a worker ahead
+
+
+ENCODE_IN = typing.get_args(typing.get_type_hints(DataConfig)["encode_in"])
 
 
 @dataclass
 class TrainConfig:
-    out: str = ""  # run directory: checkpoints and the resolved config
-    epochs: int = 5
+    out: str = ""  # run directory: checkpoints and the resolved config; empty: WORKDIR/train/ENCODER
+    epochs: int = 5  # passes over the training rows
     max_steps: int = 0  # stop after this many updates (0: run all epochs)
-    seed: int = 1
-    log_every: int = 20
+    seed: int = 1  # initial weights, batch order, dropout
+    log_every: int = 20  # training loss and throughput to MLflow every K steps
     eval_every: int = 200  # validation loss every K steps and at the end
-    checkpoint_every: int = 200
+    checkpoint_every: int = 200  # a checkpoint every K steps (a killed run resumes from the last)
     keep_checkpoints: int = 2  # step-* checkpoints kept besides last.pt
     threads: int = 0  # torch threads per rank (0: CPUs / ranks)
-    device: str = "auto"  # auto | cpu | cuda
-    mlflow_uri: str = ""  # default: sqlite under the run directory's parent (the work dir)
-    experiment: str = "dssm-train"  # the retrain flow sets the dataset's experiment
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is visible
+    mlflow_uri: str = ""  # tracking URI; empty: sqlite under the run directory's parent (the work dir)
+    experiment: str = "dssm-train"  # MLflow experiment (the retrain flow: the dataset's name)
     dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
-    run_name: str = ""
+    run_name: str = ""  # MLflow run name; empty: MLflow's
     init_from: str = ""  # a checkpoint whose weights start this run (same-shaped tensors; embeddings by token)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

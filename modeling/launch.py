@@ -27,6 +27,11 @@ from modeling.train import resolve_paths, train
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from core.options import HelpFormatter, keys_text
+    from modeling.config import OBJECTIVES, TrainConfig
+
+    p.formatter_class = HelpFormatter
+    p.epilog = keys_text(TrainConfig, "keys (KEY=VALUE, or in a --config YAML; docs/training.md#every-key):")
     p.add_argument(
         "overrides",
         nargs="*",
@@ -43,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--objective",
-        choices=["click", "paraphrase"],
+        choices=OBJECTIVES,
         help="click: the paper's softmax over clicked and negative titles; paraphrase: Wieting & Gimpel's margin "
         "loss with in-batch negatives and one shared encoder (= loss.objective=paraphrase model.shared_towers=true)",
     )
