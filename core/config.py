@@ -139,13 +139,6 @@ def load(
     return apply(cfg, parse_overrides(overrides or []))
 
 
-def from_args(cls: type[T], args: Any, **values: Any) -> T:
-    """`cls` built from the same-named attributes of an argparse namespace (a command's options are
-    named after its config's fields), then `values`."""
-    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-    return cls(**(given | values))
-
-
 def flat(cfg: Any) -> dict[str, Any]:
     """Dotted keys (as MLflow parameters)."""
     out: dict[str, Any] = {}

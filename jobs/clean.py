@@ -43,13 +43,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CleanConfig:
-    bot_max_per_minute: int = 20
-    bot_min_impressions: int = 10
-    bot_min_click_rate: float = 0.8
-    max_malformed_rate: float = 0.5  # above this share of malformed lines the input is refused
-    rows_per_file: int = 1_000_000
-    impressions: bool = True  # write impressions/ (propensity, skip-above negatives); ~1/3 of clean's time at 10M
-    catalogue: str = ""  # v2 logs' side table (Parquet: doc_id, title); empty: a simulate output's own, if any
+    bot_max_per_minute: int = 20  # a user with more impressions in any 60 seconds is a bot
+    bot_min_impressions: int = 10  # ... or with at least this many impressions
+    bot_min_click_rate: float = 0.8  # ... clicking at least this share of shown results
+    max_malformed_rate: float = 0.5  # refuse input with a larger share of malformed lines
+    rows_per_file: int = 1_000_000  # rows per output Parquet file, about
+    # write impressions/ (what `dssm propensity` and `negatives --skip-above` read); --no-impressions: a
+    # faster clean (~1/3 of clean's time at 10M)
+    impressions: bool = True
+    # v2 logs: the catalogue side table (Parquet: doc_id, title); empty: a simulate output's own, if any
+    catalogue: str = ""
 
 
 def resolve_input(path: str) -> str:
@@ -350,57 +353,23 @@ def _top(counts: dict[str, int]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm clean`'s options."""
+    """`dssm clean`'s options: the input and output, Spark's, and CleanConfig's fields."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
     p.add_argument("--input", required=True, help="raw log file, directory, glob or a `dssm simulate` output")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument(
-        "--catalogue",
-        default="",
-        help="v2 logs: the catalogue side table (Parquet: doc_id, title); default: a simulate output's own",
-    )
     add_spark_options(p)
-    d = CleanConfig()
-    g = p.add_argument_group("rules")
-    g.add_argument(
-        "--bot-max-per-minute",
-        type=int,
-        default=d.bot_max_per_minute,
-        help="a user with more impressions in any 60 seconds is a bot (default: %(default)s)",
-    )
-    g.add_argument(
-        "--bot-min-impressions",
-        type=int,
-        default=d.bot_min_impressions,
-        help="... or with at least this many impressions (default: %(default)s)",
-    )
-    g.add_argument(
-        "--bot-min-click-rate",
-        type=float,
-        default=d.bot_min_click_rate,
-        help="... clicking at least this share of shown results (default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-impressions",
-        dest="impressions",
-        action="store_false",
-        help="skip impressions/ (what `dssm propensity` and `negatives --skip-above` read): a faster clean",
-    )
-    g.add_argument(
-        "--max-malformed-rate",
-        type=float,
-        default=d.max_malformed_rate,
-        help="refuse input with a larger share of malformed lines (default: %(default)s)",
-    )
+    add_config_options(p.add_argument_group("rules and outputs"), CleanConfig)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm clean`."""
-    from core.config import from_args
+    from core.options import config_from_options
     from jobs.spark import LazySpark
 
-    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, from_args(CleanConfig, args), args.force)
+    cfg = config_from_options(CleanConfig, args)
+    m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, cfg, args.force)
     c = m["counts"]
     print(
         f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "

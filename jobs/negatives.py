@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -51,22 +51,29 @@ from jobs.spark import cluster_errors, distinct_count, write_parquet
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 6
 BISECTIONS = 50  # halvings of γ's interval (0, 1) in `map_attractiveness`: to 1e-15
-LIST_TARGETS = ("ratio", "map")
+ListTargets = Literal["ratio", "map"]
+LIST_TARGETS = get_args(ListTargets)
 
 
 @dataclass(frozen=True)
 class NegativesConfig:
-    n: int = 4
-    seed: int = 13
+    n: int = 4  # negatives per pair; 0 for `dssm train --objective paraphrase`
+    seed: int = 13  # seed of the negative draws and of the train/validation split
     valid_fraction: float = 0.1  # share of queries held out for validation
     shards: int = 8  # train files (the trainer's ranks stream disjoint files)
-    skip_above: float = 0.0  # share of each row's negatives taken from titles skipped above the click
-    debias: bool = False  # weigh clicks by 1/θ(rank) of `dssm propensity`'s curve (needs its output)
-    min_propensity: float = 0.05  # θ is raised to this at least: a click weighs 1/0.05 = 20 at most
-    list_size: int = 0  # shown titles per query with listwise targets (0: no lists)
-    list_targets: str = "ratio"  # the lists' relevance: "ratio" (clicks / examinations) or "map" (PBM's γ)
-    prior_clicks: float = 0.5  # "map"'s Beta prior: as many clicks in ...
-    prior_skips: float = 8.0  # ... prior_clicks + prior_skips examinations (chosen on dev: docs/training.md)
+    skip_above: float = 0.0  # share of each row's negatives taken from titles shown above the click and skipped
+    # weigh clicks by 1/examination of their rank (for loss.pair_weight=ipw|log_ipw and the listwise
+    # targets); needs `dssm propensity`'s curve (--propensity)
+    debias: bool = False
+    min_propensity: float = 0.05  # examination is raised to this at least, capping a click's weight at 1/this
+    list_size: int = 0  # shown titles per query with listwise targets, for loss.listwise; 0: none
+    # the lists' relevance: ratio (clicks / expected examinations) or map (the position-based model's
+    # attractiveness, with a Beta prior)
+    list_targets: ListTargets = "ratio"
+    # map's Beta prior: as many clicks in prior_clicks + prior_skips examinations (chosen on dev:
+    # docs/training.md)
+    prior_clicks: float = 0.5
+    prior_skips: float = 8.0  # map's Beta prior: as many examinations without a click
 
 
 def validation_queries(pairs: DataFrame, cfg: NegativesConfig) -> DataFrame:
@@ -337,69 +344,23 @@ def negatives(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm negatives`'s options."""
+    """`dssm negatives`'s options: the inputs and output, NegativesConfig's fields, Spark's."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
-    d = NegativesConfig()
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument(
-        "-n",
-        type=int,
-        default=d.n,
-        help="negatives per pair; 0 for `dssm train --objective paraphrase` (default: %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
-    p.add_argument("--valid-fraction", type=float, default=d.valid_fraction, help="(default: %(default)s)")
-    p.add_argument("--shards", type=int, default=d.shards, help="train files (default: %(default)s)")
-    p.add_argument(
-        "--skip-above",
-        type=float,
-        default=d.skip_above,
-        help="share of each row's negatives taken from titles shown above the click and skipped (default: %(default)s)",
-    )
-    p.add_argument(
-        "--debias",
-        action="store_true",
-        help="weigh clicks by 1/examination of their rank (for loss.pair_weight=ipw|log_ipw and the "
-        "listwise targets); needs --propensity",
-    )
-    p.add_argument("--propensity", type=Path, help="a `dssm propensity` output: the examination curve")
-    p.add_argument(
-        "--min-propensity",
-        type=float,
-        default=d.min_propensity,
-        help="examination is raised to this at least, capping a click's weight (default: %(default)s)",
-    )
-    p.add_argument(
-        "--list-size",
-        type=int,
-        default=d.list_size,
-        help="shown titles per query with listwise targets, for loss.listwise; 0: none (default: %(default)s)",
-    )
-    p.add_argument(
-        "--list-targets",
-        choices=LIST_TARGETS,
-        default=d.list_targets,
-        help="the lists' relevance: ratio (clicks / expected examinations) or map (the position-based "
-        "model's attractiveness, with a Beta prior) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--prior-clicks",
-        type=float,
-        default=d.prior_clicks,
-        help="map's prior: as many clicks in --prior-clicks + --prior-skips examinations (default: %(default)s)",
-    )
-    p.add_argument("--prior-skips", type=float, default=d.prior_skips, help="map's prior (default: %(default)s)")
+    p.add_argument("--propensity", type=Path, help="a `dssm propensity` output: the examination curve (--debias)")
+    add_config_options(p, NegativesConfig)
     add_spark_options(p)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm negatives`."""
-    from core.config import from_args
+    from core.options import config_from_options
     from jobs.spark import LazySpark
 
-    cfg = from_args(NegativesConfig, args)
+    cfg = config_from_options(NegativesConfig, args)
     if args.propensity and not cfg.debias:
         raise DssmError("--propensity is read with --debias only: add --debias, or leave --propensity out")
     spark = LazySpark(args.master, "dssm-negatives")

@@ -14,7 +14,7 @@ import argparse
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -28,6 +28,7 @@ from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parq
 
 log = logging.getLogger(__name__)
 ROWS_PER_FILE = 200_000
+Format = Literal["pairs", "sts", "stsb", "sick"]  # core.sentence_pairs.FORMATS
 _PARSED = T.StructType(
     [T.StructField("s1", T.StringType()), T.StructField("s2", T.StringType()), T.StructField("reason", T.StringType())]
 )
@@ -35,17 +36,17 @@ _PARSED = T.StructType(
 
 @dataclass(frozen=True)
 class ParaphraseConfig:
-    fmt: str = "pairs"  # one of core.sentence_pairs.FORMATS
-    min_score: float | None = None  # scored formats: keep pairs with score >= this (e.g. 4 on STS-B's 0-5)
+    format: Format = "pairs"  # pairs: s1<TAB>s2; sts: score, s1, s2; stsb: STS Benchmark; sick: SICK
+    min_score: float | None = None  # scored formats: keep pairs scored at least this (e.g. 4 on STS-B's 0-5)
 
 
 def _parser(cfg: ParaphraseConfig):
     def parse(line: str) -> tuple[str | None, str | None, str]:
         if not line.strip():
             return None, None, "blank"
-        if is_header(line, cfg.fmt):
+        if is_header(line, cfg.format):
             return None, None, "header"
-        pair = parse_line(line, cfg.fmt)
+        pair = parse_line(line, cfg.format)
         if not isinstance(pair, SentencePair):
             return None, None, pair
         if cfg.min_score is not None and (pair.score is None or pair.score < cfg.min_score):
@@ -59,8 +60,8 @@ def _parser(cfg: ParaphraseConfig):
 def paraphrase(
     spark: SparkSession, input_path: str, out: Path, cfg: ParaphraseConfig = ParaphraseConfig(), force: bool = False
 ) -> dict[str, Any]:
-    if cfg.fmt not in FORMATS:
-        raise DssmError(f"unknown format {cfg.fmt!r}; choose from {', '.join(FORMATS)}")
+    if cfg.format not in FORMATS:
+        raise DssmError(f"unknown format {cfg.format!r}; choose from {', '.join(FORMATS)}")
     source = Path(input_path)
     if not source.exists():
         raise DssmError(f"{source}: no such file or directory")
@@ -74,7 +75,9 @@ def paraphrase(
         lines_read = sum(counts.values())
         kept_n = counts.pop("kept", 0)
         if kept_n == 0:
-            raise DssmError(f"no usable sentence pair in {source} as format {cfg.fmt!r}: {lines_read} lines ({counts})")
+            raise DssmError(
+                f"no usable sentence pair in {source} as format {cfg.format!r}: {lines_read} lines ({counts})"
+            )
         kept = parsed.where(F.col("reason") == "kept")
         pairs = kept.groupBy(F.col("s1").alias("query"), F.col("s2").alias("title")).agg(F.count("*").alias("clicks"))
         pairs = pairs.withColumn("impressions", F.col("clicks"))
@@ -117,28 +120,22 @@ def paraphrase(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm paraphrase`'s options."""
+    """`dssm paraphrase`'s options: the input and output, ParaphraseConfig's fields, Spark's."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
     p.add_argument("--input", required=True, help="sentence-pair file (plain or .gz)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument(
-        "--format",
-        dest="fmt",
-        choices=list(FORMATS),
-        default="pairs",
-        help="pairs: s1<TAB>s2; sts: score, s1, s2; stsb: STS Benchmark; sick: SICK (default: %(default)s)",
-    )
-    p.add_argument("--min-score", type=float, help="scored formats: keep pairs scored at least this")
+    add_config_options(p, ParaphraseConfig)
     add_spark_options(p)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm paraphrase`."""
-    from core.config import from_args
+    from core.options import config_from_options
     from jobs.spark import LazySpark
 
-    cfg = from_args(ParaphraseConfig, args)
+    cfg = config_from_options(ParaphraseConfig, args)
     m = paraphrase(LazySpark(args.master, "dssm-paraphrase"), args.input, args.out, cfg, force=args.force)
     c = m["counts"]
     print(

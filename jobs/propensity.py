@@ -35,10 +35,10 @@ PLOT_FILE = "propensity.png"
 
 @dataclass(frozen=True)
 class PropensityConfig:
-    max_rank: int = 10  # ranks beyond this are left out
-    min_shown: int = 10  # pairs shown fewer times are left out (their γ overfits; see `estimate`)
+    max_rank: int = 10  # ranks estimated; results shown lower are left out
+    min_shown: int = 10  # leave out pairs shown fewer times (their attractiveness overfits)
     iterations: int = 2_000  # EM iterations at most
-    tolerance: float = 1e-7  # stop when no θ_k moves more than this
+    tolerance: float = 1e-7  # EM stops when no rank's examination moves more than this
 
 
 @dataclass(frozen=True)
@@ -211,27 +211,22 @@ def read_curve(out: Path) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm propensity`'s options."""
+    """`dssm propensity`'s options: the input and output, PropensityConfig's fields, Spark's."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output (its impressions/)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    d = PropensityConfig()
-    p.add_argument("--max-rank", type=int, default=d.max_rank, help="ranks estimated (default: %(default)s)")
-    p.add_argument(
-        "--min-shown", type=int, default=d.min_shown, help="leave out pairs shown fewer times (default: %(default)s)"
-    )
-    p.add_argument("--iterations", type=int, default=d.iterations, help="EM iterations at most (default: %(default)s)")
-    p.add_argument("--tolerance", type=float, default=d.tolerance, help="EM stopping tolerance (default: %(default)s)")
+    add_config_options(p, PropensityConfig)
     add_spark_options(p)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm propensity`."""
-    from core.config import from_args
+    from core.options import config_from_options
     from jobs.spark import LazySpark
 
-    cfg = from_args(PropensityConfig, args)
+    cfg = config_from_options(PropensityConfig, args)
     propensity(LazySpark(args.master, "dssm-propensity"), args.clean, args.out, cfg, args.force)
     curve = read_curve(args.out)
     print(f"examination by rank (relative to rank 1): {_curve_text(curve)}")

@@ -21,10 +21,10 @@ import logging
 import multiprocessing
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import orjson
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 CATALOGUE_FILE = "catalogue.parquet"  # a v2 log's side table, beside logs/
 CHUNK = 8192
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+PromotedBrands = Literal["hashed", "weakest"]
+PROMOTED_BRANDS = get_args(PromotedBrands)
 
 
 @dataclass(frozen=True)
@@ -49,24 +51,24 @@ class ClickModel:
     """Parameters of the production ranker and the position-based click model."""
 
     zipf_exponent: float = 1.0  # popularity of the query at popularity rank r is ∝ r**-s
-    ranker_noise: float = 0.35  # std of the Gaussian noise on the ranker's score (relevance in [0, 1])
-    # std of the ranker's persistent error per (query, judged title): wrong the same way on every
-    # impression, so clicks uncorrected for position follow the ranker's mistakes
+    ranker_noise: float = 0.35  # std of the production ranker's score noise, relevance in [0, 1]
+    # std of the ranker's persistent error per (query, title): the same mistakes on every impression,
+    # so clicks uncorrected for position follow the ranker's mistakes
     ranker_bias: float = 0.0
-    # added to the ranker's score of every title of a promoted brand (`promoted_brand`): a systematic
-    # error that follows a title feature, so a model learning from uncorrected clicks carries it to new queries
+    # added to the ranker's score of titles of promoted brands (a quarter of the first words): a
+    # systematic ranker error, which a model learning from uncorrected clicks carries to new queries
     promotion: float = 0.0
-    # which brands it promotes: "hashed" (a quarter of the first words, whatever their relevance) or
-    # "weakest" (the brands of lowest mean label, a quarter of the titles: learning the promotion costs relevance)
-    promoted_brands: str = "hashed"
+    # which brands `promotion` lifts: a hashed quarter of the first words, unrelated to relevance, or
+    # the weakest brands (lowest mean label, a quarter of the titles: learning the promotion costs relevance)
+    promoted_brands: PromotedBrands = "hashed"
     page_size: int = 10  # results shown per impression
     filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
-    eta: float = 1.0  # examination probability at rank r is r**-eta
+    eta: float = 1.0  # examination at rank r is r**-eta
     attract_min: float = 0.05  # click probability of an examined, irrelevant title
-    attract_max: float = 0.85  # ... of an examined title of the top label
+    attract_max: float = 0.85  # click probability of an examined title of the top label
     dwell_base_ms: float = 5_000.0  # median dwell of an irrelevant click
     dwell_gain_ms: float = 55_000.0  # added to the median dwell at the top label
-    days: float = 30.0  # the time span the log covers
+    days: float = 30.0  # the time span the log covers, in days
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,16 @@ class DirtRates:
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    impressions: int = 100_000
-    seed: int = 13
-    shards: int = 0  # 0: one shard per 250k impressions
-    workers: int = 0  # 0: as many as CPUs (at most the shards)
-    gzip: bool = True
-    log_format: int = 1  # 1: results carry titles; 2: doc ids, titles in catalogue.parquet (docs/raw-log-format.md)
-    day: str = ""  # YYYY-MM-DD: the log covers that one day (a date partition), with the day's own seed and ids
+    impressions: int = 100_000  # impressions to simulate, e.g. 10_000_000
+    seed: int = 13  # random seed
+    shards: int = 0  # output files; 0: one per 250k impressions
+    workers: int = 0  # parallel processes; 0: as many as CPUs (at most the shards)
+    gzip: bool = True  # gzip the logs (--no-gzip: plain .jsonl)
+    # 1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (docs/raw-log-format.md)
+    log_format: Literal[1, 2] = 1
+    # YYYY-MM-DD: simulate that one day into the date partition OUT/dt=YYYY-MM-DD (OUT: a log root that
+    # days are appended to; each day has its own seed and impression ids)
+    day: str = ""
     model: ClickModel = field(default_factory=ClickModel)
     dirt: DirtRates = field(default_factory=DirtRates)
 
@@ -137,9 +142,6 @@ class JudgedQueries:
     judged: np.ndarray  # (Q, L) title ids, -1 padded
     relevance: np.ndarray  # (Q, L) in [0, 1], -inf padded
     promoted: np.ndarray  # per title: whether its brand is promoted (`promoted_brand` or `weakest_brands`)
-
-
-PROMOTED_BRANDS = ("hashed", "weakest")
 
 
 def promoted_brand(title: str) -> bool:
@@ -559,90 +561,29 @@ def write_catalogue(cat: JudgedQueries, path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm simulate`'s options."""
+    """`dssm simulate`'s options: SimulationConfig's fields (the click model's without a prefix)."""
     from core.judgments import add_judgment_options
+    from core.options import add_config_options
 
-    d = SimulationConfig()
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--force", action="store_true", help="recompute even if the output is up to date")
     p.add_argument(
         "--judgments", type=Path, help="judged set (CSV/TSV or a .zip of one); default: the embedded catalogue"
     )
     add_judgment_options(p)
-    g = p.add_argument_group("simulation")
-    g.add_argument(
-        "--impressions",
-        type=lambda s: int(s.replace("_", "")),  # 10_000_000
-        default=d.impressions,
-        help="impressions to simulate, e.g. 10_000_000 (default: %(default)s)",
-    )
-    g.add_argument("--seed", type=int, default=d.seed, help="random seed (default: %(default)s)")
-    g.add_argument("--shards", type=int, default=d.shards, help="output files (default: one per 250k impressions)")
-    g.add_argument("--workers", type=int, default=d.workers, help="parallel processes (default: CPUs)")
-    g.add_argument("--no-gzip", dest="gzip", action="store_false", help="write plain .jsonl")
-    g.add_argument(
-        "--log-format",
-        type=int,
-        choices=FORMAT_VERSIONS,
-        default=d.log_format,
-        help="1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (default: %(default)s)",
-    )
-    m = ClickModel()
-    g.add_argument("--eta", type=float, default=m.eta, help="examination at rank r is r**-eta (default: %(default)s)")
-    g.add_argument(
-        "--ranker-noise",
-        type=float,
-        default=m.ranker_noise,
-        help="std of the production ranker's score noise, relevance in [0, 1] (default: %(default)s)",
-    )
-    g.add_argument(
-        "--ranker-bias",
-        type=float,
-        default=m.ranker_bias,
-        help="std of the ranker's persistent error per (query, title): the same mistakes on every impression "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--promotion",
-        type=float,
-        default=m.promotion,
-        help="added to the ranker's score of titles of promoted brands (a quarter of the first words): a "
-        "systematic ranker error (default: %(default)s)",
-    )
-    g.add_argument(
-        "--promoted-brands",
-        choices=PROMOTED_BRANDS,
-        default=m.promoted_brands,
-        help="which brands --promotion lifts: a hashed quarter of the first words, unrelated to relevance, or "
-        "the weakest brands (lowest mean label, a quarter of the titles) (default: %(default)s)",
-    )
-    g.add_argument(
-        "--day",
-        default="",
-        metavar="YYYY-MM-DD",
-        help="simulate that one day into the date partition OUT/dt=YYYY-MM-DD (OUT: a log root that days are "
-        "appended to; each day has its own seed and impression ids)",
-    )
+    add_config_options(p.add_argument_group("simulation"), SimulationConfig, flatten=["model"])
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm simulate`."""
     from tqdm import tqdm
 
-    from core.config import from_args
     from core.judgments import resolve_judged_set, spec_from_args
+    from core.options import config_from_options
     from jobs.catalogue import DEFAULT_CATALOGUE
 
+    cfg = config_from_options(SimulationConfig, args)
     judged = resolve_judged_set(args.judgments, spec_from_args(args), DEFAULT_CATALOGUE)
-    model = replace(
-        ClickModel(),
-        eta=args.eta,
-        ranker_noise=args.ranker_noise,
-        ranker_bias=args.ranker_bias,
-        promotion=args.promotion,
-        promoted_brands=args.promoted_brands,
-    )
-    cfg = from_args(SimulationConfig, args, model=model)
     out = args.out / partition_name(cfg.day) if cfg.day else args.out
     with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc="simulate", disable=None) as bar:
         m = simulate(judged.pairs(), out, cfg, judged.describe(), progress=bar.update, force=args.force)

@@ -29,10 +29,10 @@ UNKNOWN = "<unk>"
 
 @dataclass(frozen=True)
 class VocabConfig:
-    min_count: int = 2
-    max_size: int = 50_000  # trigrams, <unk> included
-    word_min_count: int = 2
-    word_max_size: int = 100_000  # words, <unk> included
+    min_count: int = 2  # trigrams seen fewer times are <unk>
+    max_size: int = 50_000  # trigram ids, <unk> included
+    word_min_count: int = 2  # words seen fewer times are <unk>
+    word_max_size: int = 100_000  # word ids, <unk> included
 
 
 def texts(pairs: DataFrame, titles: DataFrame) -> DataFrame:
@@ -128,24 +128,22 @@ def vocab(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm vocab`'s options."""
+    """`dssm vocab`'s options: the input and output, VocabConfig's fields, Spark's."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
-    d = VocabConfig()
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output directory")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--min-count", type=int, default=d.min_count, help="trigram min count (default: %(default)s)")
-    p.add_argument("--max-size", type=int, default=d.max_size, help="trigram ids incl. <unk> (default: %(default)s)")
-    p.add_argument("--word-min-count", type=int, default=d.word_min_count, help="(default: %(default)s)")
-    p.add_argument("--word-max-size", type=int, default=d.word_max_size, help="(default: %(default)s)")
+    add_config_options(p, VocabConfig)
     add_spark_options(p)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm vocab`."""
-    from core.config import from_args
+    from core.options import config_from_options
     from jobs.spark import LazySpark
 
-    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, from_args(VocabConfig, args), args.force)
+    cfg = config_from_options(VocabConfig, args)
+    m = vocab(LazySpark(args.master, "dssm-vocab"), args.clean, args.out, cfg, args.force)
     c = m["counts"]
     print(f"{c['trigrams']['size']:,} trigrams, {c['words']['size']:,} words -> {args.out}")

@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from core.artifacts import code_fingerprint, content_sha256, publish, read_manifest
 from core.errors import DssmError
@@ -25,17 +25,19 @@ from jobs.schemas import EMBEDDINGS
 from retrieval.retriever import INDEX_FILE, log_retriever, unit_rows
 
 log = logging.getLogger(__name__)
-KINDS = ("auto", "flat", "hnsw")
+Kind = Literal["auto", "flat", "hnsw"]
+KINDS = get_args(Kind)
 
 
 @dataclass(frozen=True)
 class IndexConfig:
-    kind: str = "auto"  # flat: exact; hnsw: graph ANN; auto: flat up to flat_max titles, else hnsw
-    flat_max: int = 200_000  # an exact search of 200k 96-d vectors is ~10 ms per query on one core
-    hnsw_m: int = 32  # graph degree: recall and memory grow with it
-    ef_construction: int = 80
-    ef_search: int = 128  # candidates kept per query search: recall against latency
-    rows_per_file: int = 100_000
+    kind: Kind = "auto"  # flat (exact), hnsw (graph ANN) or auto: flat up to flat_max titles, else hnsw
+    # auto's limit for flat: an exact search of 200k 96-d vectors is ~10 ms per query on one core
+    flat_max: int = 200_000
+    hnsw_m: int = 32  # HNSW graph degree: recall and memory grow with it
+    ef_construction: int = 80  # HNSW candidates kept while building: graph quality against build time
+    ef_search: int = 128  # HNSW candidates kept per query search: recall against latency
+    rows_per_file: int = 100_000  # rows per embeddings/ Parquet file, about
 
 
 def check_config(cfg: IndexConfig) -> None:
@@ -258,10 +260,10 @@ def register_index(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm index`'s options."""
+    """`dssm index`'s options: the model, titles and output, IndexConfig's fields, MLflow's, Spark's."""
+    from core.options import add_config_options
     from jobs.spark import add_spark_options
 
-    d = IndexConfig()
     p.add_argument(
         "--model",
         required=True,
@@ -278,15 +280,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mlflow-uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<parent of --out>/mlflow.db)"
     )
-    p.add_argument(
-        "--kind",
-        choices=KINDS,
-        default=d.kind,
-        help=f"flat (exact), hnsw (graph ANN) or auto: flat up to {d.flat_max:,} titles (default: auto)",
-    )
-    p.add_argument("--hnsw-m", type=int, default=d.hnsw_m, help="HNSW graph degree (default: %(default)s)")
-    p.add_argument("--ef-construction", type=int, default=d.ef_construction, help="(default: %(default)s)")
-    p.add_argument("--ef-search", type=int, default=d.ef_search, help="(default: %(default)s)")
+    add_config_options(p, IndexConfig)
     p.add_argument(
         "--no-register",
         dest="register",
@@ -298,10 +292,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm index`."""
+    from core.options import config_from_options
     from core.tracking import default_tracking_uri
     from jobs.spark import LazySpark
 
-    cfg = IndexConfig(args.kind, IndexConfig.flat_max, args.hnsw_m, args.ef_construction, args.ef_search)
+    cfg = config_from_options(IndexConfig, args)
     uri = args.mlflow_uri or default_tracking_uri(Path(args.out).resolve().parent)
     m = index(
         LazySpark(args.master, "dssm-index"), args.model, args.titles, args.out, uri, cfg, args.register, args.force

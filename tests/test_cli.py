@@ -11,7 +11,7 @@ from dssm.cli import build_parser, main
 def test_every_subcommand_has_help(capsys):
     parser = build_parser()
     commands = ["simulate", "clean", "propensity", "paraphrase", "vocab", "negatives", "train", "evaluate", "sts"]
-    commands += ["analyze", "run"]
+    commands += ["index", "search", "analyze", "run"]
     commands += ["schedule", "stack"]
     for command in commands:
         with pytest.raises(SystemExit) as exit_:
@@ -25,6 +25,10 @@ def test_simulate_help_lists_the_judged_set_options(capsys):
         build_parser().parse_args(["simulate", "--help"])
     out = capsys.readouterr().out
     for option in ["--query-col", "--title-col", "--label-col", "--encoding", "--impressions"]:
+        assert option in out
+    # generated from SimulationConfig's fields: the click model's without a prefix, the dirt's with one
+    generated = ["--no-gzip", "--log-format {1,2}", "--eta", "--promoted-brands {hashed,weakest}", "--dirt.malformed"]
+    for option in generated:
         assert option in out
 
 
