@@ -33,7 +33,7 @@ from typing import Any
 from core.errors import DssmError
 
 MANIFEST = "manifest.json"
-# The packages whose source makes up the product; tests, docs and benchmarks are not among them.
+# The packages whose source makes up the product; tests, docs, benchmarks, reproductions and studies are not.
 PROJECT_PACKAGES = ("core", "jobs", "modeling", "evaluation", "analysis", "retrieval", "flows", "infra", "dssm")
 FAULT_ENV = "DSSM_FAULT_BEFORE_PUBLISH"  # fault injection: SIGKILL a stage between write and rename
 _HASH_CHUNK = 1 << 20

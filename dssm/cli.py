@@ -114,13 +114,13 @@ COMMANDS: dict[str, Command] = {
     "run": Command(
         "flows.retrain",
         "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, train, evaluate, index, analyze",
-        "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags "
-        "given < KEY=VALUE overrides (e.g. negatives.seed=7 train.epochs=10). Every stage runs into the work dir, "
-        "ending with the trained model and the baselines evaluated on the judged set's test queries, the model "
-        "registered, the champion alias moved through the validation gate, and the LSTM-RNN analysed. Prints the "
-        "comparison table and writes WORKDIR/report.json (with the resolved config). Finished stages whose inputs, "
-        "settings and code are unchanged are skipped; a killed or failed run, run again, resumes (training from its "
-        "last checkpoint). Without --judgments it uses the embedded catalogue.",
+        "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags given"
+        " < KEY=VALUE overrides (e.g. negatives.seed=7 train.epochs=10). Every stage (listed below) runs into the "
+        "work dir, ending with the trained model and the baselines evaluated on the judged set's test queries, the "
+        "model registered, the champion alias moved through the validation gate, and the LSTM-RNN analysed. Prints "
+        "the comparison table and writes WORKDIR/report.json (with the resolved config). Finished stages whose "
+        "inputs, settings and code are unchanged are skipped; a killed or failed run, run again, resumes (training "
+        "from its last checkpoint). Without --judgments it uses the embedded catalogue.",
     ),
     "schedule": Command(
         "flows.schedule",

@@ -96,9 +96,13 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     manifest = publish(out, "evaluate", code_fingerprint(__name__), inputs, params, build, cfg.force)
     seconds = round(time.perf_counter() - started, 1)
     if manifest["skipped"]:
-        report = json.loads((out / "report.json").read_text())
-        return report | {"gate": json.loads((out / "gate.json").read_text()), "skipped": True, "seconds": seconds}
+        return read_report(out) | {"skipped": True, "seconds": seconds}
     return done["report"] | {"seconds": seconds}
+
+
+def read_report(out: Path) -> dict[str, Any]:
+    """A finished evaluation's report.json with its champion-gate decisions (gate.json)."""
+    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
 
 
 def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

@@ -55,6 +55,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
+    from evaluation.evaluate import read_report
+
     logger = get_run_logger()
     ctx = context(config)
     done: list[dict] = []
@@ -75,15 +77,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
         if ctx.window:
             log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
-        return write_summary(ctx.layout, config, done, read_report(outputs.get("evaluate")))
-
-
-def read_report(evaluated: stages.StageOutput | None) -> dict[str, Any] | None:
-    """The evaluate stage's report.json with its gate decisions (gate.json), None when it did not run."""
-    if evaluated is None:
-        return None
-    out = Path(evaluated.path)
-    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
+        evaluated = outputs.get("evaluate")
+        return write_summary(ctx.layout, config, done, read_report(Path(evaluated.path)) if evaluated else None)
 
 
 def training_runs(done: list[dict]) -> list[str]:
