@@ -22,12 +22,16 @@ T = TypeVar("T")
 
 
 def _yaml_flow(value: Any) -> Any:
-    """`[a, b]` or `{k: v}` typed on a command line, read as YAML; anything else as it is."""
-    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+    """`[a, b]` typed on a command line, read as a YAML flow sequence of strings (each item is then
+    converted to the field's type, so `[yes, no]` stays two strings for a list[str]); anything else as it is."""
+    if isinstance(value, str) and value.strip().startswith("["):
         try:
-            return yaml.safe_load(value)
+            items = yaml.load(value, Loader=yaml.BaseLoader)  # noqa: S506 (BaseLoader builds only str, list, dict)
         except yaml.YAMLError as e:
             raise ValueError(value) from e
+        if not isinstance(items, list):
+            raise ValueError(value)
+        return items
     return value
 
 
@@ -98,19 +102,37 @@ def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
     return dataclasses.replace(obj, **changes) if changes else obj
 
 
+def check_choices(cfg: Any, prefix: str = "") -> None:
+    """Every Literal-typed field of the dataclass `cfg` (nested sections included) holds one of its
+    values: what `convert` enforces on YAML and KEY=VALUE, for a config built in code."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_choices(value, f"{prefix}{f.name}.")
+        elif typing.get_origin(hints[f.name]) is typing.Literal and value not in typing.get_args(hints[f.name]):
+            allowed = ", ".join(map(str, typing.get_args(hints[f.name])))
+            raise DssmError(f"{prefix}{f.name} must be one of {allowed}, not {value!r}")
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`["optim.lr=0.1", "epochs=3"]` -> nested dict."""
-    nested: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             raise DssmError(f"override {pair!r}: expected key=value, e.g. optim.lr=0.05")
-        key, value = pair.split("=", 1)
+    return nest({key.strip(): value for key, value in (pair.split("=", 1) for pair in pairs)})
+
+
+def nest(flat_values: dict[str, Any]) -> dict[str, Any]:
+    """`{"optim.lr": 0.1, "epochs": 3}` -> `{"optim": {"lr": 0.1}, "epochs": 3}` (what `apply` takes)."""
+    nested: dict[str, Any] = {}
+    for key, value in flat_values.items():
         node = nested
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise DssmError(f"override {pair!r}: {part} is a value, not a section")
+                raise DssmError(f"config {key}: {part} is a value, not a section")
         node[leaf] = value
     return nested
 

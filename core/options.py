@@ -24,7 +24,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from core.config import apply, convert
+from core.config import apply, convert, nest
 from core.errors import DssmError
 
 
@@ -79,7 +79,8 @@ def _choices(hint: Any) -> tuple[Any, ...] | None:
     return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
 
 
-def _converter(hint: Any, key: str):
+def converter(hint: Any, key: str):
+    """An argparse `type=` that reads a flag's text as `hint` (core.config.convert), errors as argparse's."""
     def to_value(text: str) -> Any:
         try:
             return convert(text, hint, key)
@@ -126,7 +127,7 @@ def add_config_options(
             kwargs["action"] = argparse.BooleanOptionalAction
             text = f"{text} (default: {'on' if value else 'off'})".lstrip()
         else:
-            kwargs["type"] = _converter(hint, key)
+            kwargs["type"] = converter(hint, key)
             kwargs["choices"] = _choices(hint)
             kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}" if kwargs["choices"] else None
             if kwargs["metavar"] is None:
@@ -138,15 +139,8 @@ def add_config_options(
 def config_from_options(cls: type, args: argparse.Namespace, **values: Any) -> Any:
     """`cls()` with the flags of `add_config_options` that were given, then `values`."""
     keys = {f.name for f in dataclasses.fields(cls)}
-    given = {k: v for k, v in vars(args).items() if k.split(".")[0] in keys}
-    nested: dict[str, Any] = {}
-    for key, value in given.items():
-        node = nested
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return dataclasses.replace(apply(cls(), nested), **values) if values else apply(cls(), nested)
+    given = nest({k: v for k, v in vars(args).items() if k.split(".")[0] in keys})
+    return dataclasses.replace(apply(cls(), given), **values) if values else apply(cls(), given)
 
 
 def config_rows(cls: type, prefix: str = "", skip: Iterable[str] = ()) -> list[tuple[str, str, str]]:

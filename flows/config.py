@@ -15,7 +15,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from core.config import apply, flat, load, parse_overrides
+from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import field_help
@@ -49,7 +49,7 @@ class TrainSection(TrainConfig):
     warm_min_overlap: float = 0.5  # ... when its vocabulary holds at least this share of the new one's tokens
 
     def encoders(self) -> list[str]:
-        return list(self.models) or [self.model.encoder]
+        return list(dict.fromkeys(self.models)) or [self.model.encoder]
 
     def for_encoder(self, encoder: str) -> TrainConfig:
         """The training config of one model: this section without the flow's own keys."""
@@ -119,6 +119,21 @@ class RunConfig:
         )
 
 
+def _refuse_unknown_keys(cls: type) -> None:
+    """Prefect validates a deployment's `config` with pydantic, which drops unknown keys of a dataclass
+    by default: a stale key (such as the old `train.overrides`) would then run with defaults unnoticed."""
+    import dataclasses
+    import typing
+
+    cls.__pydantic_config__ = {"extra": "forbid"}
+    for hint in typing.get_type_hints(cls).values():
+        if dataclasses.is_dataclass(hint):
+            _refuse_unknown_keys(hint)
+
+
+_refuse_unknown_keys(RunConfig)
+
+
 def load_run_config(
     path: Path | None = None, overrides: list[str] | None = None, options: dict[str, Any] | None = None
 ) -> RunConfig:
@@ -172,7 +187,7 @@ def key_field(key: str) -> tuple[Any, str, Any]:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """`dssm run`/`dssm schedule`: --config, KEY=VALUE overrides, and flags for the common keys."""
-    from core.options import _converter
+    from core.options import converter
 
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="run config keys, e.g. negatives.seed=7 train.optim.lr=0.05"
@@ -186,7 +201,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
             flag,
             dest=key,
             default=argparse.SUPPRESS,
-            type=_converter(hint, key),
+            type=converter(hint, key),
             metavar=key.rsplit(".", 1)[-1].upper(),
             help=f"{text} [{key}; default: {shown!r}]".replace("%", "%%"),
         )
@@ -209,13 +224,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config of `dssm run`/`dssm schedule`: only the flags actually given take part."""
     keys = set(_FLAGS.values()) | set(_SWITCHES.values())
-    options: dict[str, Any] = {}
-    for key in keys & set(vars(args)):
-        node = options
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = getattr(args, key)
+    options = nest({key: getattr(args, key) for key in keys & set(vars(args))})
     overrides = [*args.overrides, *(f"train.{pair}" for pair in getattr(args, "train_overrides", []))]
     return load_run_config(args.config, overrides, options)
 
@@ -249,8 +258,10 @@ def validate(cfg: RunConfig) -> None:
     if cfg.window_days < 0:
         raise DssmError(f"window_days must be >= 0, got {cfg.window_days}")
     cfg.window()  # a bad run_date fails here
-    if cfg.train.nproc < 0 or cfg.train.epochs < 1:
-        raise DssmError("train.nproc must be >= 0 and train.epochs >= 1")
+    if cfg.train.nproc < 0:
+        raise DssmError(f"train.nproc must be >= 0, got {cfg.train.nproc}")
+    if cfg.train.epochs < 1:  # before the training config was the train section, 0 meant "its default"
+        raise DssmError(f"train.epochs must be >= 1 (the default is {TrainConfig().epochs}), got {cfg.train.epochs}")
 
 
 def _dotted(obj: Any, key: str) -> Any:

@@ -41,10 +41,11 @@ class Stage:
     name: str
     run: Callable[..., StageOutput | None]  # run(ctx, [item,] **reads); None: nothing to do this time
     doc: str  # one line: what it makes (dssm run --help)
-    section: str = ""  # the run config section that configures it (docs/flows.md)
+    section: str = ""  # the run config section that configures it (shown in --help)
     reads: tuple[str | Earlier, ...] = ()  # earlier stages' outputs, passed by name
     when: Callable[[RunContext], bool] = _always
     unless: str = ""  # when it does not run (logged, and shown in --help)
+    warn_unless: bool = False  # not running is worth a warning (an input is missing), not a choice
     each: Callable[[RunContext], list[str]] | None = None  # one task per item (train: per encoder)
     retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
 
@@ -82,7 +83,14 @@ PIPELINE: tuple[Stage, ...] = (
         reads=("clean",),
         retried=True,
     ),
-    Stage("vocab", stages.vocab_stage, "letter-trigram and word vocabularies", section="vocab", reads=("clean",)),
+    Stage(
+        "vocab",
+        stages.vocab_stage,
+        "letter-trigram and word vocabularies",
+        section="vocab",
+        reads=("clean",),
+        retried=True,
+    ),
     Stage(
         "negatives",
         stages.negatives_stage,
@@ -107,6 +115,7 @@ PIPELINE: tuple[Stage, ...] = (
         reads=("train", "negatives"),
         when=evaluates,
         unless="raw logs given without judgments.path: nothing to evaluate on",
+        warn_unless=True,
         retried=True,
     ),
     Stage(
@@ -131,15 +140,22 @@ PIPELINE: tuple[Stage, ...] = (
 
 
 def check(pipeline: tuple[Stage, ...]) -> None:
-    """Names are unique; a stage reads only stages before it, or what any stage left earlier."""
+    """Names are unique; a stage reads only stages before it, or what a stage with one output
+    directory (a `Layout` property of its name) left earlier."""
+    from core.layout import Layout
+
     seen: list[str] = []
-    names = {s.name for s in pipeline}
+    names = {s.name: s for s in pipeline}
     for s in pipeline:
         if s.name in seen:
             raise ValueError(f"stage {s.name} is listed twice")
         for read in s.reads:
             if isinstance(read, Earlier) and read.stage not in names:
                 raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which is no stage")
+            if isinstance(read, Earlier) and (
+                names[read.stage].each or not isinstance(getattr(Layout, read.stage, None), property)
+            ):
+                raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which has no one Layout directory")
             if isinstance(read, str) and read not in seen:
                 raise ValueError(f"stage {s.name} reads {read!r}, which does not run before it")
         seen.append(s.name)
@@ -164,7 +180,7 @@ def walk(
     outputs: dict[str, Any] = {}
     for stage in pipeline:
         if not stage.when(ctx):
-            log.info("%s: not run (%s)", stage.name, stage.unless)
+            (log.warning if stage.warn_unless else log.info)("%s: not run (%s)", stage.name, stage.unless)
             outputs[stage.name] = [] if stage.each else None
             continue
         reads = {name: _read(read, outputs, ctx) for name, read in zip(stage.arg_names(), stage.reads, strict=True)}
@@ -221,7 +237,8 @@ def describe(pipeline: tuple[Stage, ...] = PIPELINE) -> str:
     lines = ["stages, in order (each a Prefect task; finished ones with unchanged inputs are skipped):"]
     for s in pipeline:
         reads = f" <- {', '.join(r.arg if isinstance(r, Earlier) else r for r in s.reads)}" if s.reads else ""
-        lines.append(f"  {s.name:<11}{s.doc}{reads}" + (f" [not run: {s.unless}]" if s.unless else ""))
+        settings = f" (settings: {s.section}.*)" if s.section else ""
+        lines.append(f"  {s.name:<11}{s.doc}{settings}{reads}" + (f" [not run: {s.unless}]" if s.unless else ""))
     return "\n".join(lines)
 
 

@@ -56,7 +56,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     from tqdm import tqdm
 
     from evaluation.evaluate import read_report
+    from flows.config import validate
 
+    validate(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
     logger = get_run_logger()
     ctx = context(config)
     done: list[dict] = []
@@ -78,7 +80,11 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
         if ctx.window:
             log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
         evaluated = outputs.get("evaluate")
-        return write_summary(ctx.layout, config, done, read_report(Path(evaluated.path)) if evaluated else None)
+        report = None
+        if evaluated is not None:
+            report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
+            report |= {"skipped": True} if evaluated.skipped else {}
+        return write_summary(ctx.layout, config, done, report)
 
 
 def training_runs(done: list[dict]) -> list[str]:

@@ -143,7 +143,8 @@ def simulate_stage(ctx: RunContext) -> StageOutput:
         desc = f"simulate {day}".strip()
         with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc=desc, disable=None) as bar:
             return simulate(
-                judged.pairs(), out, replace(cfg, day=day), judged.describe(), progress=bar.update, force=ctx.force
+                judged.pairs(), out, replace(cfg, day=day) if day else cfg, judged.describe(), progress=bar.update,
+                force=ctx.force,
             )
 
     return run_data_stage("simulate", judged.path, out, job)
@@ -240,11 +241,12 @@ def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> St
 
     from modeling.checkpoint import newest_checkpoint
     from modeling.data import plan, train_files
-    from modeling.train import launch, resolve_paths, train
+    from modeling.launch import launch
+    from modeling.train import resolve_paths, train
 
     started = time.perf_counter()
     with failing_as("train", cfg.data.negatives or layout.negatives):
-        cfg = replace(cfg)  # resolve_paths fills in place
+        cfg = replace(cfg, data=replace(cfg.data))  # resolve_paths fills in place: not the caller's config
         resolve_paths(cfg, layout.workdir)
         out = Path(cfg.out)
         if force and out.exists():

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from core.config import flat, load
+from core.config import check_choices, flat, load
 from core.errors import DssmError
 
 
@@ -49,9 +49,6 @@ class OptimConfig:
     table_updates: Literal["auto", "rows", "dense"] = "auto"
 
 
-TABLE_UPDATES = typing.get_args(typing.get_type_hints(OptimConfig)["table_updates"])
-
-
 @dataclass
 class LossConfig:
     objective: Literal["click", "paraphrase"] = "click"  # click: eq. (5); paraphrase: Wieting & Gimpel's margin loss
@@ -68,7 +65,6 @@ class LossConfig:
     l2_embeddings: float = 0.0  # Wieting & Gimpel's λ_w/2·‖W − W_step0‖² pulling the tables to their start
 
 
-PAIR_WEIGHTS = typing.get_args(typing.get_type_hints(LossConfig)["pair_weight"])
 OBJECTIVES = typing.get_args(typing.get_type_hints(LossConfig)["objective"])
 
 
@@ -82,9 +78,6 @@ class DataConfig:
     scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
     encode_in: Literal["step", "process"] = "step"  # where batches are tokenised: inline, or a worker ahead
-
-
-ENCODE_IN = typing.get_args(typing.get_type_hints(DataConfig)["encode_in"])
 
 
 @dataclass
@@ -143,17 +136,12 @@ def rows_are_exact(cfg: TrainConfig) -> bool:
 def validate(cfg: TrainConfig) -> None:
     from modeling.encoders import ENCODERS  # lazily: importing this module imports no torch
 
+    check_choices(cfg)
     m, o = cfg.model, cfg.optim
     if m.encoder not in ENCODERS:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
-    if m.impl not in {"auto", "loop", "script", "native"}:
-        raise DssmError(f"model.impl {m.impl!r}: choose auto, loop, script or native")
     if m.window not in {1, 3, 5}:
         raise DssmError("model.window must be 1, 3 or 5")
-    if o.name not in {"nesterov", "adam"}:
-        raise DssmError(f"optim.name {o.name!r}: choose nesterov or adam")
-    if o.table_updates not in TABLE_UPDATES:
-        raise DssmError(f"optim.table_updates must be one of {', '.join(TABLE_UPDATES)}, not {o.table_updates!r}")
     if o.table_updates == "rows" and not rows_are_exact(cfg):
         raise DssmError(
             "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0 and loss.l2_embeddings=0 "
@@ -161,16 +149,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
         raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
-    if cfg.loss.objective not in OBJECTIVES:
-        raise DssmError(f"loss.objective must be one of {', '.join(OBJECTIVES)}, not {cfg.loss.objective!r}")
     if cfg.loss.objective == "paraphrase" and not m.shared_towers:
         raise DssmError("loss.objective=paraphrase trains one shared encoder: add model.shared_towers=true")
-    if m.tokens not in ("trigrams", "words"):
-        raise DssmError(f"model.tokens must be trigrams or words, not {m.tokens!r}")
-    if cfg.data.encode_in not in ENCODE_IN:
-        raise DssmError(f"data.encode_in must be one of {', '.join(ENCODE_IN)}, not {cfg.data.encode_in!r}")
-    if cfg.loss.pair_weight not in PAIR_WEIGHTS:
-        raise DssmError(f"loss.pair_weight must be one of {', '.join(PAIR_WEIGHTS)}, not {cfg.loss.pair_weight!r}")
     if not 0 <= cfg.loss.listwise <= 1:
         raise DssmError("loss.listwise must be in [0, 1]")
     if cfg.loss.listwise and cfg.loss.objective != "click":

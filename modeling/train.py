@@ -446,3 +446,9 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
         count += len(chunk)
     model.train()
     return total / max(count, 1)
+
+
+if __name__ == "__main__":  # `torchrun -m modeling.train` as documented before modeling/launch.py held the entry
+    import runpy
+
+    runpy.run_module("modeling.launch", run_name="__main__", alter_sys=True)

@@ -62,7 +62,15 @@ def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():
         check((Stage("a", noop, "", reads=("b",)), Stage("b", noop, "")))
     with pytest.raises(ValueError, match="which is no stage"):
         check((Stage("a", noop, "", reads=(Earlier("nothing"),)),))
-    check((Stage("a", noop, "", reads=(Earlier("b"),)), Stage("b", noop, "")))  # last run's b, before this run's
+    with pytest.raises(ValueError, match="no one Layout directory"):
+        check((Stage("a", noop, "", reads=(Earlier("train"),)), Stage("train", noop, "", each=lambda ctx: [])))
+    check((Stage("a", noop, "", reads=(Earlier("index"),)), Stage("index", noop, "")))  # last run's, before this run's
+
+
+def test_the_stages_that_talk_to_services_retry():
+    """Spark (a cluster) and MLflow (a server) may be away for a moment; simulate, train (resumes from its
+    checkpoint instead) and analyze do not retry."""
+    assert {s.name for s in PIPELINE if s.retried} == {"clean", "propensity", "vocab", "negatives", "evaluate", "index"}
 
 
 # Two toy stages: `mine` runs first and reads the index an earlier run left; `index` then rebuilds it.

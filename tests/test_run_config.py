@@ -92,6 +92,23 @@ def test_the_flow_takes_the_config_as_one_typed_parameter_the_ui_can_edit():
     assert load_run_config(as_yaml(cfg.to_dict())).negatives.seed == 9
 
 
+def test_a_deployment_parameter_with_an_unknown_or_bad_key_fails_the_flow_run_at_once():
+    """Prefect validates a deployment's `config` with pydantic, past `dssm run`'s loader: an unknown key
+    (such as the former train.overrides) is refused there, a bad training setting by the flow itself."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.retrain import retrain
+
+    with pytest.raises(ParameterTypeError, match="config.train.overrides"):
+        retrain.validate_parameters({"config": {"train": {"overrides": ["epochs=10"]}}})
+    with pytest.raises(ParameterTypeError, match="config.negatives.sede"):
+        retrain.validate_parameters({"config": {"negatives": {"sede": 7}}})
+    bad = {"config": {"train": {"optim": {"name": "adam", "table_updates": "rows"}}, "workdir": "unused"}}
+    config = retrain.validate_parameters(bad)["config"]
+    with pytest.raises(DssmError, match="table_updates=rows needs optim.name=nesterov"):
+        retrain.fn(config)
+
+
 def as_yaml(d: dict) -> Path:
     """Write the dict as YAML and return its path (the deployment's parameter, read back as a config file)."""
     import tempfile
