@@ -91,49 +91,46 @@ def converter(hint: Any, key: str):
     return to_value
 
 
-def add_config_options(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    cls: type,
-    *,
-    skip: Iterable[str] = (),
-    flatten: Iterable[str] = (),
-    prefix: str = "",
-    flag_prefix: str = "",
-) -> None:
-    """A flag for every field of the dataclass `cls` (nested sections: `--SECTION.FIELD`, or the
-    field's own flag for a section in `flatten`), stored under its dotted key and only when given
-    (`config_from_options` builds the config from them). `skip`: fields (dotted) a command sets itself."""
-    skip, flatten = set(skip), set(flatten)
-    default = cls()
-    hints = _hints(cls)
-    helps = field_help(cls)
+def _leaves(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterable[tuple[str, Any, Any, str]]:
+    """(dotted key, default, type hint, help) of every field of `cls` that holds a value, nested
+    sections walked, `skip`ped keys left out."""
+    default, hints, helps = cls(), _hints(cls), field_help(cls)
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         if key in skip:
             continue
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(value):
-            nested_flags = flag_prefix if key in flatten else f"{flag_prefix}{f.name}."
-            add_config_options(
-                parser, type(value), skip=skip, flatten=flatten, prefix=key + ".", flag_prefix=nested_flags
-            )
-            continue
-        hint = hints[f.name]
-        text = helps.get(f.name, "")
-        leaf = f.name.replace("_", "-")
-        names = [f"-{leaf}" if len(leaf) == 1 and not flag_prefix else f"--{flag_prefix.replace('_', '-')}{leaf}"]
+            yield from _leaves(type(value), key + ".", skip)
+        else:
+            yield key, value, hints[f.name], helps.get(f.name, "")
+
+
+def add_config_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    skip: Iterable[str] = (),
+    flatten: Iterable[str] = (),
+) -> None:
+    """A flag for every field of the dataclass `cls` (nested sections: `--SECTION.FIELD`, or the
+    field's own flag for a section in `flatten`), stored under its dotted key and only when given
+    (`config_from_options` builds the config from them). `skip`: fields (dotted) a command sets itself."""
+    flatten = set(flatten)
+    for key, value, hint, text in _leaves(cls, skip=frozenset(skip)):
+        parts = key.split(".")
+        shown = [p for i, p in enumerate(parts[:-1]) if ".".join(parts[: i + 1]) not in flatten] + parts[-1:]
+        flag = ".".join(shown).replace("_", "-")
         kwargs: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS}
         if hint is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
             text = f"{text} (default: {'on' if value else 'off'})".lstrip()
         else:
-            kwargs["type"] = converter(hint, key)
-            kwargs["choices"] = _choices(hint)
-            kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}" if kwargs["choices"] else None
-            if kwargs["metavar"] is None:
-                kwargs["metavar"] = f.name.upper()
+            choices = _choices(hint)
+            kwargs |= {"type": converter(hint, key), "choices": choices}
+            kwargs["metavar"] = "{" + ",".join(map(str, choices)) + "}" if choices else parts[-1].upper()
             text = f"{text} (default: {_shown(value)})".lstrip()
-        parser.add_argument(*names, help=text.replace("%", "%%"), **kwargs)
+        parser.add_argument(f"-{flag}" if len(flag) == 1 else f"--{flag}", help=text.replace("%", "%%"), **kwargs)
 
 
 def config_from_options(cls: type, args: argparse.Namespace, **values: Any) -> Any:
@@ -145,18 +142,7 @@ def config_from_options(cls: type, args: argparse.Namespace, **values: Any) -> A
 
 def config_rows(cls: type, prefix: str = "", skip: Iterable[str] = ()) -> list[tuple[str, str, str]]:
     """(dotted key, help, default) of every field of `cls`, nested sections included."""
-    rows: list[tuple[str, str, str]] = []
-    default, helps, skip = cls(), field_help(cls), set(skip)
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if key in skip:
-            continue
-        value = getattr(default, f.name)
-        if dataclasses.is_dataclass(value):
-            rows += config_rows(type(value), key + ".", skip)
-        else:
-            rows.append((key, helps.get(f.name, ""), _shown(value)))
-    return rows
+    return [(key, text, _shown(value)) for key, value, _, text in _leaves(cls, prefix, frozenset(skip))]
 
 
 def keys_text(cls: type, title: str) -> str:
