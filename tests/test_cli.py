@@ -41,6 +41,7 @@ def test_user_errors_are_one_line_with_status_2(spark, tmp_path, capsys):
     assert "run `dssm clean` first" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # more than one process
 def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
     bad = tmp_path / "garbage.jsonl"
     bad.write_text("this is not a log\n" * 5)

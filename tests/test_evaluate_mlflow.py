@@ -43,6 +43,7 @@ def evaluate(*args: str) -> dict:
     return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
 
 
+@pytest.mark.integration  # more than one process
 def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data, tmp_path):
     good = tiny_model(tiny_data, tmp_path / "good", "epochs=3")
     judged = write_judged(tmp_path / "judged.csv")
@@ -149,6 +150,7 @@ def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.integration  # more than one process
 def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_process(tiny_data, tmp_path):
     from core.judgments import resolve_judged_set
     from evaluation.evaluate import dev_queries

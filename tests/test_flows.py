@@ -200,6 +200,7 @@ def test_a_failing_stage_names_itself_and_fails_the_flow_run(spark, tmp_path, ca
     assert not (work / "clean").exists() and not (work / "report.json").exists()
 
 
+@pytest.mark.integration  # more than one process
 def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_torchrun(tiny_data, tmp_path, caplog):
     import shutil
     from dataclasses import replace

@@ -62,6 +62,7 @@ def test_pool_too_small_is_a_clear_error(spark):
         sample_negatives(pairs, titles, NegativesConfig(n=4))
 
 
+@pytest.mark.integration  # more than one process
 def test_a_forced_rerun_in_another_jvm_writes_the_same_bytes(pipeline, tmp_path):
     """Spark lists Parquet encodings in hash-set order, which differs between JVMs; the canonical
     footers (jobs/footer.py) make a forced rerun in a fresh process byte-identical."""

@@ -172,6 +172,7 @@ def test_a_kill_between_write_and_rename_keeps_the_previous_output_and_the_next_
         assert after["input_key"] != before["input_key"]
 
 
+@pytest.mark.integration  # more than one process
 def test_a_real_sigkill_before_publication_leaves_the_old_output_and_a_temp_dir_the_next_run_removes(
     pipeline, tmp_path
 ):

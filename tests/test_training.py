@@ -116,6 +116,7 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     assert same(steps("process", start=4), steps("step", start=4))  # a resumed run
 
 
+@pytest.mark.integration  # more than one process
 @pytest.mark.parametrize("encoder", ["lstm", "avg"])  # avg: the row-wise table is its only parameter (no DDP)
 def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder):
     common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1"]
@@ -168,6 +169,7 @@ def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_da
         launcher.main(["--resolved-config", str(seen["path"]), "epochs=3"])
 
 
+@pytest.mark.integration  # more than one process
 def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_data, tmp_path):
     """infra/README.md's multi-node command, with two torchrun agents ("nodes", one process each)
     meeting through the c10d rendezvous on 127.0.0.1 instead of --standalone."""
@@ -187,6 +189,7 @@ def test_two_nodes_meet_through_c10d_rendezvous_and_train_the_same_model(tiny_da
         torch.testing.assert_close(b["model"][name], tensor, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.integration  # more than one process
 def test_a_killed_run_resumes_and_reproduces_the_loss_curve(tmp_path):
     data = write_tiny_dataset(tmp_path / "data", rows_per_shard=200)
     common = [f"--workdir={data}", *TINY, "epochs=6", "log_every=10", "checkpoint_every=20", "eval_every=1000"]
