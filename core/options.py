@@ -61,10 +61,6 @@ def field_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
@@ -91,17 +87,17 @@ def converter(hint: Any, key: str):
     return to_value
 
 
-def _leaves(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterable[tuple[str, Any, Any, str]]:
+def leaves(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterable[tuple[str, Any, Any, str]]:
     """(dotted key, default, type hint, help) of every field of `cls` that holds a value, nested
     sections walked, `skip`ped keys left out."""
-    default, hints, helps = cls(), _hints(cls), field_help(cls)
+    default, hints, helps = cls(), typing.get_type_hints(cls), field_help(cls)
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         if key in skip:
             continue
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(value):
-            yield from _leaves(type(value), key + ".", skip)
+            yield from leaves(type(value), key + ".", skip)
         else:
             yield key, value, hints[f.name], helps.get(f.name, "")
 
@@ -117,7 +113,7 @@ def add_config_options(
     field's own flag for a section in `flatten`), stored under its dotted key and only when given
     (`config_from_options` builds the config from them). `skip`: fields (dotted) a command sets itself."""
     flatten = set(flatten)
-    for key, value, hint, text in _leaves(cls, skip=frozenset(skip)):
+    for key, value, hint, text in leaves(cls, skip=frozenset(skip)):
         parts = key.split(".")
         shown = [p for i, p in enumerate(parts[:-1]) if ".".join(parts[: i + 1]) not in flatten] + parts[-1:]
         flag = ".".join(shown).replace("_", "-")
@@ -142,7 +138,7 @@ def config_from_options(cls: type, args: argparse.Namespace, **values: Any) -> A
 
 def config_rows(cls: type, prefix: str = "", skip: Iterable[str] = ()) -> list[tuple[str, str, str]]:
     """(dotted key, help, default) of every field of `cls`, nested sections included."""
-    return [(key, text, _shown(value)) for key, value, _, text in _leaves(cls, prefix, frozenset(skip))]
+    return [(key, text, _shown(value)) for key, value, _, text in leaves(cls, prefix, frozenset(skip))]
 
 
 def keys_text(cls: type, title: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
-from core.options import field_help
+from core.options import leaves
 from jobs.clean import CleanConfig
 from jobs.negatives import NegativesConfig
 from jobs.propensity import PropensityConfig
@@ -173,18 +173,6 @@ _FLAGS: dict[str, str] = {
 _SWITCHES = {"--no-analyze": "analyze", "--no-index": "index_champion", "--force": "force"}
 
 
-def key_field(key: str) -> tuple[Any, str, Any]:
-    """(default value, help, type hint) of a dotted run-config key."""
-    import typing
-
-    owner: Any = RunConfig
-    *sections, leaf = key.split(".")
-    for name in sections:
-        owner = typing.get_type_hints(owner)[name]
-    default = getattr(owner(), leaf)
-    return default, field_help(owner).get(leaf, ""), typing.get_type_hints(owner)[leaf]
-
-
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """`dssm run`/`dssm schedule`: --config, KEY=VALUE overrides, and flags for the common keys."""
     from core.options import converter
@@ -194,8 +182,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--config", type=Path, help="YAML run config (defaults < file < flags < KEY=VALUE)")
     g = p.add_argument_group("shorthands for config keys (docs/flows.md lists every key)")
+    run_keys = {key: (default, text, hint) for key, default, hint, text in leaves(RunConfig)}
     for flag, key in _FLAGS.items():
-        default, text, hint = key_field(key)
+        default, text, hint = run_keys[key]
         shown = ",".join(default) if isinstance(default, list) else default
         g.add_argument(
             flag,
@@ -217,7 +206,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     helps = {"analyze": "skip the analyze stage", "index_champion": "skip the index stage (the champion's ANN index)"}
     for flag, key in _SWITCHES.items():
         action = "store_true" if key == "force" else "store_false"
-        text = helps.get(key) or key_field(key)[1]
+        text = helps.get(key) or run_keys[key][1]
         g.add_argument(flag, dest=key, action=action, default=argparse.SUPPRESS, help=text)
 
 
@@ -232,7 +221,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def validate(cfg: RunConfig) -> None:
     from modeling.config import validate as validate_training
 
-    changed = [k for k in FLOW_SET if _dotted(cfg.train, k) != _dotted(TrainSection(), k)]
+    given, defaults = flat(cfg.train), flat(TrainSection())
+    changed = [k for k in FLOW_SET if given[k] != defaults[k]]
     if changed:
         raise DssmError(
             f"train.{changed[0]} is set by the flow for each model (the work dir, mlflow_uri, the judged set's name); "
@@ -262,9 +252,3 @@ def validate(cfg: RunConfig) -> None:
         raise DssmError(f"train.nproc must be >= 0, got {cfg.train.nproc}")
     if cfg.train.epochs < 1:  # before the training config was the train section, 0 meant "its default"
         raise DssmError(f"train.epochs must be >= 1 (the default is {TrainConfig().epochs}), got {cfg.train.epochs}")
-
-
-def _dotted(obj: Any, key: str) -> Any:
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj

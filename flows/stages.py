@@ -46,13 +46,20 @@ class StageOutput:
         return asdict(self)
 
     @classmethod
+    def of_manifest(cls, stage: str, path: Path, manifest: dict[str, Any], seconds: float = 0.0) -> StageOutput:
+        """The output a manifest describes (its content hash, its integer counts)."""
+        sizes = {k: v.get("size") if isinstance(v, dict) else v for k, v in manifest.get("counts", {}).items()}
+        counts = {k: v for k, v in sizes.items() if isinstance(v, int)}
+        skipped = bool(manifest.get("skipped"))
+        return cls(stage, str(path), manifest["content_sha256"], skipped, round(seconds, 2), counts)
+
+    @classmethod
     def left_by_earlier_run(cls, stage: str, path: Path) -> StageOutput | None:
         """What an earlier run's stage left at `path` (e.g. last night's index), None when nothing is there."""
         manifest = read_manifest(path)
         if not manifest or "content_sha256" not in manifest:
             return None
-        counts = _flat_counts(manifest.get("counts", {}))
-        return cls(stage, str(path), manifest["content_sha256"], skipped=True, seconds=0.0, counts=counts)
+        return cls.of_manifest(stage, path, manifest | {"skipped": True})
 
 
 @dataclass(frozen=True)
@@ -111,19 +118,7 @@ def run_data_stage(stage: str, source: str | Path, out: Path, job: Callable[[], 
     started = time.perf_counter()
     with failing_as(stage, source):
         manifest = job()
-    return StageOutput(
-        stage=stage,
-        path=str(out),
-        sha256=manifest["content_sha256"],
-        skipped=bool(manifest.get("skipped")),
-        seconds=round(time.perf_counter() - started, 2),
-        counts=_flat_counts(manifest.get("counts", {})),
-    )
-
-
-def _flat_counts(counts: dict[str, Any]) -> dict[str, int]:
-    sizes = {k: v.get("size") if isinstance(v, dict) else v for k, v in counts.items()}
-    return {k: v for k, v in sizes.items() if isinstance(v, int)}
+    return StageOutput.of_manifest(stage, out, manifest, time.perf_counter() - started)
 
 
 def simulate_stage(ctx: RunContext) -> StageOutput:

@@ -25,13 +25,13 @@ class ModelConfig:
     peepholes: bool = False  # LSTM peephole connections (the paper's experiments have none)
     hidden: list[int] = field(default_factory=lambda: [300, 300])  # dssm: tanh layers (Huang et al.); clsm: [conv]
     out_dim: int = 128  # dssm/clsm: the semantic layer's size (Huang et al. 2013: 128)
-    window: int = 3  # clsm word window (1, 3 or 5)
+    window: Literal[1, 3, 5] = 3  # clsm word window (1, 3 or 5)
     # true: one tower for queries and titles (better on Home Depot's dev split: docs/studies/tied-towers.md);
     # false: the paper's separate query and document towers (Λ_Q, Λ_D of Algorithm 1)
     shared_towers: bool = True
     max_words: int = 40  # longer texts are truncated (truncated BPTT length T of Algorithm 1)
     dropout: float = 0.0  # Wieting & Gimpel: dropout on word input vectors in training (recurrent, avg)
-    gran_type: int = 1  # gran/bigran: 1 = eq. (1); 2-5: the authors' variants (modeling/encoders.py)
+    gran_type: Literal[1, 2, 3, 4, 5] = 1  # gran/bigran: 1 = eq. (1); 2-5: the authors' variants (modeling/encoders.py)
     impl: Literal["auto", "loop", "script", "native"] = "auto"  # recurrent loop; native: nn.LSTM/nn.RNN where it can
 
 
@@ -140,8 +140,6 @@ def validate(cfg: TrainConfig) -> None:
     m, o = cfg.model, cfg.optim
     if m.encoder not in ENCODERS:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
-    if m.window not in {1, 3, 5}:
-        raise DssmError("model.window must be 1, 3 or 5")
     if o.table_updates == "rows" and not rows_are_exact(cfg):
         raise DssmError(
             "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0 and loss.l2_embeddings=0 "
@@ -157,8 +155,6 @@ def validate(cfg: TrainConfig) -> None:
         raise DssmError("loss.listwise needs loss.objective=click")
     if not 0 <= m.dropout < 1:
         raise DssmError("model.dropout must be in [0, 1)")
-    if m.gran_type not in (1, 2, 3, 4, 5):
-        raise DssmError(f"model.gran_type must be 1 to 5, not {m.gran_type}")
     if cfg.loss.l2_composition < 0 or cfg.loss.l2_embeddings < 0:
         raise DssmError("loss.l2_composition and loss.l2_embeddings must be >= 0")
     if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:
