@@ -29,19 +29,12 @@ TABLE4 = ROOT / "configs" / "homedepot_table4"  # Table IV's chosen `dssm run` c
 def training_keys(run_config: Path) -> list[str]:
     """A `dssm run` config file's training settings as `dssm train` KEY=VALUEs (the flow's own keys
     of the train section, such as train.models, left out)."""
-    from dataclasses import fields
-
-    from core.config import flat
-    from flows.config import TrainSection, load_run_config
+    from flows.config import load_run_config
     from modeling.config import TrainConfig
 
     section = load_run_config(run_config).train
-    given = flat(section)
-    defaults = flat(TrainSection())
-    training = {f.name for f in fields(TrainConfig)}
-    return [
-        f"{key}={value}" for key, value in given.items() if key.split(".")[0] in training and value != defaults[key]
-    ]
+    given, defaults = section.for_encoder(section.model.encoder).flat(), TrainConfig().flat()
+    return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
 
 
 def dssm(*args: str) -> None:

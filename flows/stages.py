@@ -232,17 +232,14 @@ def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> St
     """Train, or resume an unfinished run, or skip a finished one; a run of other data, code or config
     is trained afresh (modeling.resume.decide). nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)
     with the resolved config."""
-    from dataclasses import replace
 
     from modeling.checkpoint import newest_checkpoint
-    from modeling.data import plan, train_files
     from modeling.launch import launch
     from modeling.train import resolve_paths, train
 
     started = time.perf_counter()
     with failing_as("train", cfg.data.negatives or layout.negatives):
-        cfg = replace(cfg, data=replace(cfg.data))  # resolve_paths fills in place: not the caller's config
-        resolve_paths(cfg, layout.workdir)
+        cfg = resolve_paths(cfg, layout.workdir)
         out = Path(cfg.out)
         if force and out.exists():
             log.info("train: --force; training %s afresh", out)
@@ -250,7 +247,6 @@ def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> St
         if nproc <= 1:
             summary = train(cfg, resume=True, on_change="restart")
         else:
-            plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, nproc)  # a bad layout fails here
             if launch(nproc, cfg, resume=True, on_change="restart") != 0:
                 raise DssmError(f"training failed in one of the {nproc} torchrun processes (their messages are above)")
             path, state = newest_checkpoint(out)

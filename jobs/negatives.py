@@ -43,6 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from core.artifacts import code_fingerprint, publish, require_manifest
+from core.config import check_choices
 from core.errors import DssmError
 from jobs.propensity import shown_cells
 from jobs.schemas import NEGATIVES
@@ -291,8 +292,7 @@ def negatives(
         raise DssmError("need n >= 0, shards >= 1, 0 <= valid_fraction < 1 and 0 <= skip_above <= 1")
     if cfg.list_size < 0 or not 0 < cfg.min_propensity <= 1 or min(cfg.prior_clicks, cfg.prior_skips) < 0:
         raise DssmError("need list_size >= 0, 0 < min_propensity <= 1, prior_clicks >= 0 and prior_skips >= 0")
-    if cfg.list_targets not in LIST_TARGETS:
-        raise DssmError(f"list_targets is one of {', '.join(LIST_TARGETS)}, not {cfg.list_targets!r}")
+    check_choices(cfg)
     reads_impressions = bool(cfg.skip_above or cfg.debias or cfg.list_size)
     if reads_impressions and "impressions" not in upstream.get("outputs", {}):
         raise DssmError(

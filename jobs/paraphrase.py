@@ -21,8 +21,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from core.artifacts import code_fingerprint, content_sha256, publish
+from core.config import check_choices
 from core.errors import DssmError
-from core.sentence_pairs import FORMATS, SentencePair, is_header, parse_line, sentence_norm
+from core.sentence_pairs import SentencePair, is_header, parse_line, sentence_norm
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
@@ -60,8 +61,7 @@ def _parser(cfg: ParaphraseConfig):
 def paraphrase(
     spark: SparkSession, input_path: str, out: Path, cfg: ParaphraseConfig = ParaphraseConfig(), force: bool = False
 ) -> dict[str, Any]:
-    if cfg.format not in FORMATS:
-        raise DssmError(f"unknown format {cfg.format!r}; choose from {', '.join(FORMATS)}")
+    check_choices(cfg)
     source = Path(input_path)
     if not source.exists():
         raise DssmError(f"{source}: no such file or directory")

@@ -32,10 +32,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.artifacts import code_fingerprint, publish
+from core.config import check_choices
 from core.errors import DssmError
 from core.judgments import JudgedPair
 from core.text import is_test_query, norm
-from jobs.rawlog import FORMAT_VERSIONS
 from jobs.schemas import CATALOGUE, TEST_PAIRS
 
 log = logging.getLogger(__name__)
@@ -506,9 +506,7 @@ def simulate(
     """
     if cfg.impressions < 1:
         raise DssmError(f"--impressions must be positive, got {cfg.impressions}")
-    if cfg.log_format not in FORMAT_VERSIONS:
-        raise DssmError(f"log format must be one of {FORMAT_VERSIONS}, got {cfg.log_format}")
-    check_promoted_brands(cfg.model.promoted_brands)
+    check_choices(cfg)  # log_format, model.promoted_brands
     cfg.span()  # a bad day fails here
     params = {
         "impressions": cfg.impressions,

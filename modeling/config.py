@@ -7,6 +7,7 @@ Defaults follow Palangi et al. 2016 where the paper is specific; every departure
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,6 +139,8 @@ def validate(cfg: TrainConfig) -> None:
 
     check_choices(cfg)
     m, o = cfg.model, cfg.optim
+    if not math.isfinite(o.lr) or o.lr <= 0:
+        raise DssmError("optim.lr must be a positive number")
     if m.encoder not in ENCODERS:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
     if o.table_updates == "rows" and not rows_are_exact(cfg):

@@ -52,7 +52,7 @@ def close_distributed(d: Dist) -> None:
 
 
 def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+    if device_kind(cfg) == "cuda":
         if not torch.cuda.is_available():
             raise DssmError("device=cuda but no CUDA device is visible")
         torch.cuda.set_device(local_rank)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
@@ -68,11 +67,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def override_list(args: argparse.Namespace) -> list[str]:
-    """`dssm train`'s KEY=VALUE overrides with its shorthand options expanded in front of them."""
-    return objective_overrides(getattr(args, "objective", None)) + list(args.overrides)
-
-
 def objective_overrides(objective: str | None) -> list[str]:
     """What `--objective` stands for; the user's KEY=VALUE overrides come after and win."""
     if objective == "paraphrase":
@@ -82,15 +76,11 @@ def objective_overrides(objective: str | None) -> list[str]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
-    overrides = override_list(args)
-    cfg = load_config(args.config, overrides)
-    resolve_paths(cfg, args.workdir)
+    overrides = objective_overrides(args.objective) + list(args.overrides)
+    cfg = resolve_paths(load_config(args.config, overrides), args.workdir)
     found = newest_checkpoint(Path(cfg.out)) if args.resume else None
     if found is not None:
-        cfg = load_config(args.config, overrides, base=found[1]["config"])
-        resolve_paths(cfg, args.workdir)
-    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
-        raise DssmError("optim.lr must be a positive number")
+        cfg = resolve_paths(load_config(args.config, overrides, base=found[1]["config"]), args.workdir)
     return cfg
 
 
@@ -100,7 +90,6 @@ def command(args: argparse.Namespace) -> None:
         raise DssmError("--nproc must be at least 1")
     cfg = config_from_args(args)  # a bad config or data layout fails here, before N processes start
     if args.nproc > 1:
-        plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, args.nproc)
         if launch(args.nproc, cfg, args.resume, args.on_change) != 0:
             raise DssmError(f"training failed in one of the {args.nproc} processes (their messages are above)")
         return
@@ -119,8 +108,9 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
     a JSON file next to the run directory, removed when torchrun returns."""
     import subprocess
 
-    path = write_resolved(cfg)
+    path = write_resolved(cfg)  # refuses an unresolved config
     try:
+        plan(train_files(Path(cfg.data.negatives)), cfg.data.batch_size, nproc)  # a bad layout fails before N ranks
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         argv += ["-m", "modeling.launch", "--resolved-config", str(path)]
         if resume:
@@ -150,13 +140,7 @@ def write_resolved(cfg: TrainConfig) -> Path:
 
 def read_resolved(path: Path) -> TrainConfig:
     """The config `write_resolved` wrote, validated as any other."""
-    try:
-        values = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DssmError(f"--resolved-config {path}: cannot read it ({e})") from None
-    if not isinstance(values, dict):
-        raise DssmError(f"--resolved-config {path}: expected a JSON object")
-    return load_config(base=values)
+    return load_config(Path(path))  # JSON is YAML: core.config.read_yaml's checks and errors
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -259,11 +259,8 @@ class Window:
 
     loss: torch.Tensor
     steps: int = 0
-    start: float = 0.0
+    start: float = field(default_factory=time.perf_counter)
     sent: int = 0  # rows.sent_bytes at the window's start
-
-    def __post_init__(self) -> None:
-        self.start = time.perf_counter()
 
     def add(self, loss: torch.Tensor) -> None:
         self.loss += loss.detach()
@@ -314,13 +311,13 @@ def checkpoint(run: Run, step: int, val: float | None) -> None:
     barrier(run.d)
 
 
-def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> None:
-    """Fill the data, output and MLflow locations left empty from the work dir."""
+def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> TrainConfig:
+    """`cfg` with the data, output and MLflow locations left empty filled from the work dir."""
     layout = Layout(workdir or "work")
-    cfg.data.negatives = cfg.data.negatives or str(layout.negatives)
-    cfg.data.vocab = cfg.data.vocab or str(layout.vocab)
-    cfg.out = cfg.out or str(layout.train(cfg.model.encoder))
-    cfg.mlflow_uri = cfg.mlflow_uri or default_tracking_uri(layout.workdir)
+    negatives, vocab = cfg.data.negatives or str(layout.negatives), cfg.data.vocab or str(layout.vocab)
+    data = replace(cfg.data, negatives=negatives, vocab=vocab)
+    out = cfg.out or str(layout.train(cfg.model.encoder))
+    return replace(cfg, data=data, out=out, mlflow_uri=cfg.mlflow_uri or default_tracking_uri(layout.workdir))
 
 
 @dataclass

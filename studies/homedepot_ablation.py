@@ -82,7 +82,7 @@ def main() -> None:
     p.add_argument(
         "--train",
         nargs="*",
-        default=training_keys(TABLE4 / "lstm.yaml"),
+        default=None,
         metavar="KEY=VALUE",
         help="common config, before variants (default: Table IV's LSTM-RNN, configs/homedepot_table4/lstm.yaml)",
     )
@@ -99,6 +99,8 @@ def main() -> None:
         "(default: %(default)s): name a call's own to keep it",
     )
     args = p.parse_args()
+    if args.train is None:  # read here, not while building the parser: --help reads no config
+        args.train = training_keys(TABLE4 / "lstm.yaml")
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this benchmark needs ../shared/data (see README)")
 

@@ -207,7 +207,7 @@ def tiny_model(data: Path, out: Path, *overrides: str) -> Path:
     from modeling.train import resolve_paths, train
 
     cfg = load_config(None, ["model.ncell=8", "data.batch_size=16", "threads=1", f"out={out}", *overrides])
-    resolve_paths(cfg, data)
+    cfg = resolve_paths(cfg, data)
     cfg.mlflow_uri = f"sqlite:///{out.parent}/train.db"
     train(cfg)
     return out

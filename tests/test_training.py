@@ -33,7 +33,7 @@ GOLDEN_TRAIN_LOSS_AT_30 = 1.3929
 
 def config(data: Path, out: Path, *overrides: str):
     cfg = load_config(None, [*TINY, f"out={out}", *overrides])
-    resolve_paths(cfg, data)
+    cfg = resolve_paths(cfg, data)
     return cfg
 
 
