@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
@@ -19,9 +19,12 @@ from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
+from evaluation.retrieval import Catalogue, evaluate_retrieval, fit_fusion
 from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
+from retrieval.quality import METRICS as RETRIEVAL_METRICS
 
 log = logging.getLogger(__name__)
+GateMetric = Literal["ndcg@10", "retrieval_ndcg@10"]
 
 
 @dataclass
@@ -41,6 +44,8 @@ class EvaluateConfig:
     register: bool = True
     run_date: str = ""  # a windowed run's date: tagged on the versions it registers, the gate history's labels
     force: bool = False  # evaluate even when --out already holds this evaluation
+    retrieval: bool = False  # also rank the judged set's whole catalogue (PROTOCOL.md §8)
+    gate_metric: GateMetric = "ndcg@10"  # what the champion gate compares: re-ranking or retrieval NDCG@10
     baseline_params: BaselineParams = field(default_factory=BaselineParams)
 
 
@@ -65,8 +70,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
         baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
         systems = [*baselines, *trained]
+        catalogue = Catalogue.of_judged(pairs) if cfg.retrieval or cfg.gate_metric != "ndcg@10" else None
         if cfg.hybrid_dev is not None:
-            systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev)
+            systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev, catalogue, threshold)
         queries, titles = eval_set.pairs()
         results: list[SystemResult] = []
         for system in systems:
@@ -76,15 +82,17 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
+        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if catalogue else None
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
             datasets.append(("hybrid_dev", dev["path"], dev["sha256"], "tuning"))
-        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets)
+        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval)
         try:
-            report = write_report(tmp, eval_set, results, threshold, run_ids)
+            report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval)
             # The gate logs the report files from the temp dir: the output is published after it.
-            report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp)
+            gate_on = (catalogue, threshold)
+            report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp, gate_on)
             (tmp / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
         except BaseException:
             _fail_runs(uri, run_ids)
@@ -134,9 +142,18 @@ def dev_queries(negatives: Path) -> set[str]:
     return {q for q in queries if not is_test_query(q)}  # real logs may hold test queries: never tune on them
 
 
-def hybrids(trained: list[System], bm25: System, pairs, judged: JudgedSet, negatives: Path) -> list[System]:
+def hybrids(
+    trained: list[System],
+    bm25: System,
+    pairs,
+    judged: JudgedSet,
+    negatives: Path,
+    catalogue: Catalogue | None = None,
+    threshold: float = 0.0,
+) -> list[System]:
     """Each trained two-tower model fused with BM25 (evaluation/hybrid.py), the weight fit on the
-    validation queries of `negatives`; none when the judged set has no such query."""
+    validation queries of `negatives`, and with a `catalogue` also its retrieval fusion
+    (evaluation/retrieval.py), fit on the same queries; none when the judged set has no such query."""
     from core.errors import DssmError
     from evaluation.hybrid import HybridScorer, fit_weight
 
@@ -151,6 +168,11 @@ def hybrids(trained: list[System], bm25: System, pairs, judged: JudgedSet, negat
         scorer = HybridScorer(model.scorer, bm25.scorer, fit.weight)
         fusion = {"weight": fit.weight, "bm25": bm25.scorer.to_dict()}
         params = model.params | fit.params()
+        if catalogue is not None:
+            chosen, grid = fit_fusion(dev, catalogue, model.scorer.embed, threshold)
+            fusion["retrieval"] = chosen.to_dict()
+            params |= {f"retrieval_{k}": v for k, v in chosen.to_dict().items()}
+            params["retrieval_dev_grid"] = " ".join(f"{k}:{v:.2f}" for k, v in grid.items())
         tags = model.tags | {"fused_with": "bm25"}
         out.append(System(f"{model.name}+bm25", "hybrid", scorer, params, tags, model.checkpoint, fusion))
     return out
@@ -189,6 +211,7 @@ def _start_runs(
     systems: list[System],
     results: list[SystemResult],
     datasets: list[tuple[str, str, str, str]],
+    retrieval: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
     set; for a hybrid also the dev queries its weight was fit on); returns run ids by system."""
@@ -203,17 +226,28 @@ def _start_runs(
         log_datasets(uri, run.info.run_id, datasets if system.kind == "hybrid" else datasets[:1])
         for key, value in list(system.params.items())[:100]:
             client.log_param(run.info.run_id, key, str(value)[:500])
-        metrics = {f"ndcg_at_{k}": result.mean(f"ndcg@{k}") for k in CUTOFFS}
+        metrics = {metric_key(f"ndcg@{k}"): result.mean(f"ndcg@{k}") for k in CUTOFFS}
         metrics |= {"mrr": result.mean("rr"), "map": result.mean("ap"), "eval_queries": len(eval_set.queries)}
+        measured = (retrieval or {}).get("systems", {}).get(system.name, {})
+        metrics |= {metric_key(f"retrieval_{m}"): measured[m] for m in RETRIEVAL_METRICS if m in measured}
         for key, value in metrics.items():
             client.log_metric(run.info.run_id, key, value)
     return ids
 
 
 def _finish_runs(
-    uri: str, cfg: EvaluateConfig, eval_set: EvalSet, systems: list[System], run_ids: dict[str, str], out: Path
+    uri: str,
+    cfg: EvaluateConfig,
+    eval_set: EvalSet,
+    systems: list[System],
+    run_ids: dict[str, str],
+    out: Path,
+    gate_on: tuple[Catalogue | None, float],
 ) -> list[dict[str, Any]]:
-    """Attach the report to every run; log, register and gate the trained models; end the runs."""
+    """Attach the report to every run; log, register and gate the trained models (a champion never
+    measured here is scored on `gate_on`: the catalogue and relevance threshold); end the runs."""
+    catalogue, threshold = gate_on
+    gate_catalogue = catalogue if cfg.gate_metric.startswith("retrieval_") else None
     import mlflow
 
     from evaluation.registry import champion_gate, log_model, plot_gate_history, registered_name
@@ -235,22 +269,25 @@ def _finish_runs(
                 if version is not None:
                     if cfg.run_date:
                         client.set_model_version_tag(registered, version, "run_date", cfg.run_date)
-                    ndcg10 = report["systems"][system.name]["ndcg@10"]
+                    table = report["retrieval"]["systems"] if gate_catalogue else report["systems"]
                     decision = champion_gate(
                         client,
                         registered,
                         version,
-                        ndcg10,
+                        table[system.name]["ndcg@10"],
                         eval_key(eval_set),
-                        lambda u: _score_uri(u, eval_set),
+                        lambda u: _score_uri(u, eval_set, gate_catalogue, threshold),
                         system.name,
+                        metric_key(cfg.gate_metric),
                     )
                     mlflow.set_tags({"registered_model": registered, "registered_version": version})
                     mlflow.set_tag("champion_gate", decision.reason)
                     log.info("%s v%s: %s", registered, version, decision.reason)
                     gates.append({"system": system.name, "model": registered, **decision.as_dict()})
     if gates:  # after every gate of this evaluation: the plot shows where the alias ended
-        history = plot_gate_history(client, gates[0]["model"], eval_key(eval_set), out / "gate-history.png")
+        key = eval_key(eval_set)
+        plot = out / "gate-history.png"
+        history = plot_gate_history(client, gates[0]["model"], key, plot, metric_key(cfg.gate_metric))
         for system in systems:
             if history and any(g["system"] == system.name for g in gates):
                 client.log_artifact(run_ids[system.name], str(history))
@@ -266,11 +303,19 @@ def _fail_runs(uri: str, run_ids: dict[str, str]) -> None:
             client.set_terminated(run_id, "FAILED")
 
 
-def _score_uri(uri: str, eval_set: EvalSet) -> float:
-    """NDCG@10 of an MLflow model on `eval_set` (the champion, when it was never measured there)."""
+def _score_uri(uri: str, eval_set: EvalSet, catalogue: Catalogue | None, threshold: float) -> float:
+    """NDCG@10 of an MLflow model on `eval_set` (the champion, when it was never measured there):
+    re-ranking, or with a `catalogue` retrieving from it."""
     system = load_trained(uri)
+    if catalogue is not None:
+        return evaluate_retrieval(eval_set, catalogue, [system], threshold)["systems"][system.name]["ndcg@10"]
     queries, titles = eval_set.pairs()
     return evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles)).mean("ndcg@10")
+
+
+def metric_key(metric: str) -> str:
+    """An MLflow metric name for a report's metric (MLflow allows no '@'): ndcg@10 -> ndcg_at_10."""
+    return metric.replace("@", "_at_")
 
 
 def add_arguments(p) -> None:
@@ -312,6 +357,19 @@ def add_arguments(p) -> None:
         help="also evaluate each model fused with BM25 (MODEL+bm25), the fusion weight fit on the validation "
         "queries of this `dssm negatives` output; registered and gated like the model",
     )
+    p.add_argument(
+        "--retrieval",
+        action="store_true",
+        help="also rank the judged set's whole catalogue per query (PROTOCOL.md §8: NDCG@10, Recall@k, judged@10, "
+        "condensed NDCG@10) and choose each hybrid's retrieval fusion on the --hybrid-dev queries",
+    )
+    p.add_argument(
+        "--gate-metric",
+        choices=get_args(GateMetric),
+        default="ndcg@10",
+        help="what the champion gate compares: re-ranking NDCG@10, or retrieval_ndcg@10 for a deployment that "
+        "serves `dssm search` (default: %(default)s)",
+    )
     p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
     p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
     p.add_argument("--relevant-at", type=float, help="label threshold for MRR/MAP (default: 3/4 up the scale)")
@@ -348,6 +406,8 @@ def config_from_args(args) -> EvaluateConfig:
         experiment=args.experiment,
         register=args.register,
         force=args.force,
+        retrieval=args.retrieval,
+        gate_metric=args.gate_metric,
         baseline_params=params,
     )
 

@@ -5,7 +5,8 @@ The pyfunc takes a DataFrame with `query` and `title` text columns and returns a
 saved beside the checkpoint, evaluation/hybrid.py); with params {"output": "query_embedding"} or {"output":
 "title_embedding"} it returns an `embedding` column from the query or title tower instead.
 The gate moves the `champion` alias to a new version only when it beats the current champion's
-NDCG@10 on the same evaluation set (same judged file, same split).
+NDCG@10 on the same evaluation set (same judged file, same split); `dssm evaluate --gate-metric
+retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8).
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ def registered_name(dataset: str) -> str:
     return f"dssm-{dataset}"
 
 
+METRIC_LABELS = {"ndcg_at_10": "NDCG@10", "retrieval_ndcg_at_10": "retrieval NDCG@10"}
+
+
 @dataclass
 class GateDecision:
     promoted: bool
@@ -144,12 +148,16 @@ def champion_gate(
     eval_key: str,
     score_champion: Callable[[str], float],
     system: str = "",
+    metric: str = "ndcg_at_10",
 ) -> GateDecision:
-    """Move `champion` to `version` iff its NDCG@10 beats the champion's on the same eval set.
+    """Move `champion` to `version` iff its `metric` (an MLflow metric name: ndcg_at_10, or
+    retrieval_ndcg_at_10 for a deployment that serves `dssm search`) beats the champion's on the
+    same eval set.
 
-    Each version remembers its NDCG@10 per eval set in a tag; a champion never measured on this
+    Each version remembers its metric per eval set in a tag; a champion never measured on this
     eval set is scored now with `score_champion(models:/name@champion)`."""
-    tag = f"ndcg_at_10.{eval_key}"
+    tag = f"{metric}.{eval_key}"
+    label = METRIC_LABELS.get(metric, metric)
     client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
     if system:
         client.set_model_version_tag(name, version, "system", system)
@@ -170,13 +178,15 @@ def champion_gate(
         champion_ndcg = float(known)
     if ndcg10 > champion_ndcg:
         client.set_registered_model_alias(name, CHAMPION, version)
-        reason = f"NDCG@10 {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
+        reason = f"{label} {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
         return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
-    reason = f"NDCG@10 {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
+    reason = f"{label} {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
     return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)
 
 
-def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, path: Path) -> Path | None:
+def plot_gate_history(
+    client: mlflow.MlflowClient, name: str, eval_key: str, path: Path, metric: str = "ndcg_at_10"
+) -> Path | None:
     """NDCG@10 of every version of `name` measured on this eval set, by version (and the run date of
     windowed runs), champion starred: a scheduled retrain's history at a glance. None when no
     version was measured here."""
@@ -185,7 +195,7 @@ def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tag = f"ndcg_at_10.{eval_key}"
+    tag = f"{metric}.{eval_key}"
     versions = [v for v in client.search_model_versions(f"name='{name}'") if tag in v.tags]
     if not versions:
         return None
@@ -220,8 +230,9 @@ def plot_gate_history(client: mlflow.MlflowClient, name: str, eval_key: str, pat
         ax.set_xticks(ticks, [f"v{n}\n{dated[n]}" if n in dated else f"v{n}" for n in ticks], fontsize=7)
     ax.margins(x=0.12, y=0.15)  # room for the champion's label
     ax.set_xlabel("registered version" + (" and run date" if dated else ""))
-    ax.set_ylabel("NDCG@10")
-    ax.set_title(f"{name}: NDCG@10 on eval set {eval_key[:8]} by version", fontsize=10)
+    label = METRIC_LABELS.get(metric, metric)
+    ax.set_ylabel(label)
+    ax.set_title(f"{name}: {label} on eval set {eval_key[:8]} by version", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a point
     fig.tight_layout()

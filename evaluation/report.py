@@ -62,7 +62,27 @@ def markdown(report: dict[str, Any]) -> str:
         f"† differs from BM25 at p < {ALPHA} (paired two-sided t-test over queries). "
         f"MRR/MAP count a pair relevant at label ≥ {report['relevant_at']:g}.",
     ]
+    if "retrieval" in report:
+        lines += ["", *retrieval_markdown(report["retrieval"], report["relevant_at"])]
     return "\n".join(lines) + "\n"
+
+
+def retrieval_markdown(retrieval: dict[str, Any], relevant_at: float) -> list[str]:
+    """The full-catalogue table (PROTOCOL.md §8), systems by strict NDCG@10; † as in Table IV."""
+    lines = [
+        f"**Retrieval from the whole catalogue** ({retrieval['catalogue_titles']:,} titles, "
+        f"{retrieval['queries']} queries; unjudged titles count as not relevant)",
+        "",
+        "| system | NDCG@10 | Recall@10 | Recall@100 | Recall@1000 | judged@10 | condensed NDCG@10 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    columns = ("ndcg@10", "recall@10", "recall@100", "recall@1000", "judged@10", "condensed_ndcg@10")
+    for name, s in sorted(retrieval["systems"].items(), key=lambda kv: -kv[1]["ndcg@10"]):
+        p = s.get("p_vs_bm25", {})
+        cells = [f"{s[c]:.1f}{'†' if p.get(c) is not None and p[c] < ALPHA else ''}" for c in columns]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    lines.append(f"Recall counts titles labelled ≥ {relevant_at:g}; judged@10: the share of the top 10 judged.")
+    return lines
 
 
 def write_trec(out: Path, eval_set: EvalSet, results: list[SystemResult]) -> None:
@@ -109,11 +129,19 @@ def plot(out: Path, report: dict[str, Any]) -> Path:
 
 
 def write_report(
-    out: Path, eval_set: EvalSet, results: list[SystemResult], relevant_at: float, run_ids: dict[str, str]
+    out: Path,
+    eval_set: EvalSet,
+    results: list[SystemResult],
+    relevant_at: float,
+    run_ids: dict[str, str],
+    retrieval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write every report file into `out`; `run_ids` are the systems' MLflow runs."""
+    """Write every report file into `out`; `run_ids` are the systems' MLflow runs; `retrieval` is
+    evaluation/retrieval.py's full-catalogue section."""
     out.mkdir(parents=True, exist_ok=True)
     report = summarise(eval_set, results, relevant_at)
+    if retrieval is not None:
+        report["retrieval"] = retrieval
     for name, entry in report["systems"].items():
         entry["mlflow_run_id"] = run_ids.get(name)
     write_trec(out, eval_set, results)

@@ -1,11 +1,13 @@
-"""Full-catalogue retrieval quality: each query ranks every title, not just its judged ones.
+"""Full-catalogue retrieval quality (PROTOCOL.md §8): each query ranks every title, not just its judged ones.
 
-A query's judged titles carry their labels; every title it has no judgment for counts as not
-relevant (gain 0). That under-counts a system that finds relevant titles nobody judged, and it is
-the same for every system compared. NDCG@10 uses PROTOCOL.md §5's gains (2^(label - min) - 1) with
+A query's judged titles carry their labels (a title judged twice keeps its higher label); every
+title it has no judgment for counts as not relevant (gain 0). That under-counts a system that finds
+relevant titles nobody judged, the same for every system compared, so two more numbers say how much:
+judged@10, the share of the top 10 the judges saw, and condensed NDCG@10 (Sakai 2007), NDCG@10 of the
+ranking with its unjudged titles removed. NDCG uses PROTOCOL.md §5's gains (2^(label - min) - 1) and
 the ideal ranking of the query's judged titles; Recall@k counts the titles with label >= the
-relevance threshold (evaluation.protocol.relevant_threshold) found in the top k; queries with no such
-title are left out of recall.
+relevance threshold (evaluation.protocol.relevant_threshold) found in the top k, over the queries
+that have such a title.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import numpy as np
 
 from core.text import norm
 from evaluation.protocol import EvalSet
+
+RECALL_AT = (10, 100, 1000)
+METRICS = ("ndcg@10", *(f"recall@{k}" for k in RECALL_AT), "judged@10", "condensed_ndcg@10")
+DEPTH = max(RECALL_AT)  # titles a system retrieves per query to be measured
+_DISCOUNTS = 1 / np.log2(np.arange(2, 12))
 
 
 def judged_labels(eval_set: EvalSet) -> dict[str, dict[str, float]]:
@@ -29,26 +36,29 @@ def judged_labels(eval_set: EvalSet) -> dict[str, dict[str, float]]:
     return out
 
 
-def catalogue_metrics(
-    eval_set: EvalSet, retrieved: dict[str, list[str]], threshold: float, recall_at: tuple[int, ...] = (10, 100)
-) -> dict[str, Any]:
-    """Mean NDCG@10 and Recall@k (×100) of ranked title lists (qid -> normalised titles, best first),
-    and `per_query`: each query's NDCG@10 in eval-set order (for a paired test)."""
+def _ndcg10(ranked: list[str], labels: dict[str, float], min_label: float) -> float:
+    gains = np.array([2 ** (labels.get(t, min_label) - min_label) - 1 for t in ranked[:10]])
+    ideal = np.sort(2 ** (np.array(list(labels.values())) - min_label) - 1)[::-1][:10]
+    idcg = float((ideal * _DISCOUNTS[: len(ideal)]).sum())
+    return float((gains * _DISCOUNTS[: len(gains)]).sum()) / idcg if idcg > 0 else 0.0
+
+
+def catalogue_metrics(eval_set: EvalSet, retrieved: dict[str, list[str]], threshold: float) -> dict[str, Any]:
+    """The §8 metrics (×100) of ranked title lists (qid -> normalised titles, best first), and
+    `per_query`: metric -> one value per query in eval-set order (NaN where recall has no relevant
+    title), for paired tests."""
     judged = judged_labels(eval_set)
-    ndcgs, recalls = [], {k: [] for k in recall_at}
+    per_query: dict[str, list[float]] = {m: [] for m in METRICS}
     for q in eval_set.queries:
-        labels = judged[q.qid]
-        ranked = retrieved.get(q.qid, [])
-        gains = np.array([2 ** (labels.get(t, eval_set.min_label) - eval_set.min_label) - 1 for t in ranked[:10]])
-        discounts = 1 / np.log2(np.arange(2, 12))
-        ideal = np.sort(2 ** (np.array(list(labels.values())) - eval_set.min_label) - 1)[::-1][:10]
-        idcg = float((ideal * discounts[: len(ideal)]).sum())
-        ndcgs.append(float((gains * discounts[: len(gains)]).sum()) / idcg if idcg > 0 else 0.0)
+        labels, ranked = judged[q.qid], retrieved.get(q.qid, [])
+        per_query["ndcg@10"].append(_ndcg10(ranked, labels, eval_set.min_label))
+        per_query["judged@10"].append(sum(t in labels for t in ranked[:10]) / 10)
+        per_query["condensed_ndcg@10"].append(_ndcg10([t for t in ranked if t in labels], labels, eval_set.min_label))
         relevant = {t for t, label in labels.items() if label >= threshold}
-        if relevant:
-            for k in recall_at:
-                recalls[k].append(len(relevant.intersection(ranked[:k])) / len(relevant))
-    out = {"ndcg@10": 100 * float(np.mean(ndcgs))}
-    out |= {f"recall@{k}": 100 * float(np.mean(v)) if v else 0.0 for k, v in recalls.items()}
-    out["recall_queries"] = len(recalls[recall_at[0]])
-    return out | {"per_query": ndcgs}
+        for k in RECALL_AT:
+            found = len(relevant.intersection(ranked[:k])) / len(relevant) if relevant else np.nan
+            per_query[f"recall@{k}"].append(found)
+    arrays = {m: np.array(v, dtype=np.float64) for m, v in per_query.items()}
+    out: dict[str, Any] = {m: 100 * float(np.nanmean(v)) if np.isfinite(v).any() else 0.0 for m, v in arrays.items()}
+    out["recall_queries"] = int(np.isfinite(arrays["recall@10"]).sum())
+    return out | {"per_query": arrays}

@@ -3,8 +3,9 @@
 An index directory is self-contained (retrieval/index.py writes it): `titles.faiss` (unit title
 vectors, inner product = cosine), `embeddings/` (the titles in index order), and `model/` (the slim
 checkpoint, plus `fusion.json` when the indexed model is a hybrid, with `bm25/`: a bm25s index of the
-same titles). A hybrid's candidates are the index's top RERANK and BM25's top RERANK; it re-scores
-them with cos + w·BM25 and returns the best k (docs/retrieval.md).
+same titles). A hybrid's candidates are the index's top `depth` and BM25's top `depth`; it fuses
+their scores as its `RetrievalFusion` says (retrieval/fusion.py: z-scores, reciprocal ranks, or the
+re-ranking's cos + w·BM25 for a hybrid saved before) and returns the best k (docs/retrieval.md).
 
 `RetrieverModel` is the same as an MLflow pyfunc (the `retriever` model logged beside each indexed
 model version): a DataFrame with a `query` column in, one row per (query, rank) out.
@@ -25,10 +26,9 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.errors import DssmError
-from evaluation.hybrid import fuse  # at import: its scipy import would cost the first search 0.5 s
+from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 
 INDEX_FILE = "titles.faiss"
-RERANK = 100  # candidates a hybrid re-scores per query
 SIGNATURE = ModelSignature(
     inputs=Schema([ColSpec("string", "query")]),
     outputs=Schema(
@@ -67,7 +67,7 @@ class Retriever:
         self, index, titles: list[str], embedder, fusion: dict[str, Any] | None = None, model=None, lexical=None
     ):
         """`fusion`: a hybrid's weight and BM25 statistics; `lexical`: a CatalogueBM25 of the same
-        titles whose top RERANK join the candidates (a hybrid only)."""
+        titles whose top `depth` join the candidates (a hybrid only)."""
         from evaluation.lexical import BM25
 
         if len(titles) != index.ntotal:
@@ -75,6 +75,7 @@ class Retriever:
         self.index, self.titles, self.embedder, self.model = index, titles, embedder, model or {}
         self.bm25 = BM25.from_dict(fusion["bm25"]) if fusion else None
         self.weight = fusion["weight"] if fusion else 0.0
+        self.fusion = RetrievalFusion.from_dict(fusion.get("retrieval")) if fusion else None
         self.lexical = lexical if fusion else None
 
     @classmethod
@@ -103,29 +104,41 @@ class Retriever:
         )
 
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
-        """The top k titles per query, best first. A hybrid re-scores its candidates (the index's top
-        RERANK, and BM25's top RERANK when it has `lexical`) with cos + w·BM25 (evaluation/hybrid.py)."""
+        """The top k titles per query, best first. A hybrid fuses its candidates (the index's top
+        `depth`, and BM25's top `depth` when it has `lexical`) as retrieval/fusion.py says."""
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
-        depth = min(max(k, RERANK if self.bm25 else k), self.index.ntotal)
+        depth = min(max(k, self.fusion.depth if self.fusion else k), self.index.ntotal)
         vectors = unit_rows(self.embedder.embed(queries, "query"))
         scores, ids = self.index.search(vectors, depth)
         out = []
         for query, vector, row_scores, row_ids in zip(queries, vectors, scores, ids, strict=True):
             keep = row_ids >= 0
-            row_ids, found = row_ids[keep], row_scores[keep].astype(np.float64)
-            if self.lexical is not None:
-                lexical_ids, lexical_scores = self.lexical.search(query, depth)
-                extra = np.setdiff1d(lexical_ids[lexical_scores > 0], row_ids)
-                if len(extra):  # their cosines from the index's stored unit vectors
-                    cos = self.index.reconstruct_batch(extra.astype(np.int64)) @ vector
-                    row_ids, found = np.concatenate([row_ids, extra]), np.concatenate([found, cos])
-            titles = [self.titles[i] for i in row_ids]
-            if self.bm25 is not None and titles:
-                found = fuse(found, self.bm25.score([query] * len(titles), titles), self.weight)
-            order = np.argsort(-found, kind="stable")[:k]
-            out.append([Hit(r + 1, titles[i], float(found[i])) for r, i in enumerate(order)])
+            row_ids, found = row_ids[keep].astype(np.int64), row_scores[keep].astype(np.float64)
+            if self.fusion is not None:
+                row_ids, found = self._fused(query, vector, row_ids, found, depth, k)
+            else:
+                row_ids, found = row_ids[:k], found[:k]
+            hits = zip(row_ids, found, strict=True)
+            out.append([Hit(r + 1, self.titles[i], float(score)) for r, (i, score) in enumerate(hits)])
         return out
+
+    def _fused(
+        self, query: str, vector: np.ndarray, ids: np.ndarray, cos: np.ndarray, depth: int, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if self.lexical is not None:
+            lexical_scores = self.lexical.scores(query)
+            top = np.argsort(-lexical_scores, kind="stable")[:depth]
+            candidates = union(ids, top, lexical_scores[top])
+            extra = candidates[len(ids) :]
+            if len(extra):  # their cosines from the index's stored unit vectors
+                cos = np.concatenate([cos, self.index.reconstruct_batch(extra) @ vector])
+            ids, bm25 = candidates, lexical_scores[candidates]
+        else:  # an index without BM25's titles: its own candidates, scored by the fusion's BM25
+            bm25 = self.bm25.score([query] * len(ids), [self.titles[i] for i in ids])
+        if self.fusion.method == "rescore":  # the re-ranking weight is on the hand-written BM25's scale
+            bm25 = self.bm25.score([query] * len(ids), [self.titles[i] for i in ids])
+        return ranked(ids, fuse_candidates(cos, bm25, self.fusion, self.weight), k)
 
 
 class RetrieverModel(mlflow.pyfunc.PythonModel):

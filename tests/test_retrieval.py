@@ -170,12 +170,15 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
         assert status == 400 and "valid JSON" in body["message"]
 
 
-def test_a_hybrid_retriever_rescores_the_union_of_vector_and_bm25_candidates(registered):
+def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(registered):
     from evaluation.hybrid import HybridScorer
     from evaluation.lexical import BM25, Collection
     from retrieval.bm25 import CatalogueBM25
+    from retrieval.fusion import RetrievalFusion
     from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import RERANK, Retriever
+    from retrieval.retriever import Retriever
+
+    RERANK = RetrievalFusion.from_dict(None).depth  # the depth a hybrid saved before retrieval fusion keeps
 
     sizes = ("a", "b", "c")
     titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in sizes]
@@ -213,12 +216,15 @@ def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
     eval_set = build_eval_set(pairs, "toy", "sha", all_queries=True)
     qid = eval_set.queries[0].qid
     # ideal: a (gain 3), e (2^1.6 - 1), b (1); retrieved: an unjudged title first, then a, then b
-    result = catalogue_metrics(eval_set, {qid: ["unjudged", "a", "b"]}, threshold=2.5, recall_at=(1, 2))
+    result = catalogue_metrics(eval_set, {qid: ["unjudged", "a", "b"]}, threshold=2.5)
     gain_e = 2**1.6 - 1
     idcg = 3 + gain_e / np.log2(3) + 1 / np.log2(4)
     assert result["ndcg@10"] == pytest.approx(100 * (3 / np.log2(3) + 1 / np.log2(4)) / idcg)
-    assert result["recall@1"] == 0 and result["recall@2"] == pytest.approx(50)  # a of {a, e}
-    assert result["recall_queries"] == 1 and len(result["per_query"]) == 1
+    assert result["recall@10"] == pytest.approx(50)  # a of {a, e}
+    assert result["judged@10"] == pytest.approx(20)  # a and b of the 10 places
+    # condensed: the unjudged title is dropped, so a and b move up one place each
+    assert result["condensed_ndcg@10"] == pytest.approx(100 * (3 + 1 / np.log2(3)) / idcg)
+    assert result["recall_queries"] == 1 and len(result["per_query"]["ndcg@10"]) == 1
 
 
 def test_bm25s_ranks_the_catalogue_as_the_reference_bm25_scores_it():
