@@ -46,6 +46,11 @@ class Layout:
     def negatives(self) -> Path:
         return self.workdir / "negatives"
 
+    @property
+    def mine(self) -> Path:
+        """The negatives with mined hard ones (`dssm mine`)."""
+        return self.workdir / "mined"
+
     def train(self, encoder: str) -> Path:
         """A training run directory: checkpoints of one encoder."""
         return self.workdir / "train" / encoder

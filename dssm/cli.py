@@ -65,6 +65,14 @@ COMMANDS: dict[str, Command] = {
         "For each clicked pair draw n negative titles from the title pool, never one clicked for the same query, "
         "and split queries into train and validation.",
     ),
+    "mine": Command(
+        "jobs.mine",
+        "hard negatives from an earlier model's index (or BM25) in place of some sampled ones",
+        "Replace a share (--hard) of each train row's sampled negatives with titles an earlier model's `dssm index` "
+        "output (or BM25 over the title pool) ranks between --min-rank and --max-rank for the row's query, never a "
+        "title clicked for the query nor one within --relative-margin of the positive's cosine. The output is a "
+        "`dssm negatives` output for `dssm train`. See docs/retrieval.md.",
+    ),
     "train": Command(
         "modeling.launch",
         "train a two-tower model on `dssm negatives` output (torch, DDP via torchrun)",
@@ -113,7 +121,8 @@ COMMANDS: dict[str, Command] = {
     ),
     "run": Command(
         "flows.retrain",
-        "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, train, evaluate, index, analyze",
+        "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, mine, train, evaluate, index, "
+        "analyze",
         "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags given"
         " < KEY=VALUE overrides (e.g. negatives.seed=7 train.epochs=10). Every stage (listed below) runs into the "
         "work dir, ending with the trained model and the baselines evaluated on the judged set's test queries, the "

@@ -19,7 +19,9 @@ from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
+from evaluation.evaluate import GateMetric
 from jobs.clean import CleanConfig
+from jobs.mine import MineConfig
 from jobs.negatives import NegativesConfig
 from jobs.propensity import PropensityConfig
 from jobs.simulate import SimulationConfig
@@ -63,6 +65,10 @@ class TrainSection(TrainConfig):
 class EvaluateSection:
     baselines: list[str] = field(default_factory=lambda: ["bm25"])  # beside the models: bm25,doc2vec,ulm,plsa,minilm
     hybrid: bool = True  # also each model + BM25, the fusion weight fit on the negatives' validation queries
+    # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
+    retrieval: bool = True
+    # what the champion gate compares: re-ranking NDCG@10, or retrieval_ndcg@10 (a deployment serving dssm search)
+    gate_metric: GateMetric = "ndcg@10"
 
 
 @dataclass
@@ -77,6 +83,7 @@ class RunConfig:
     propensity: PropensityConfig = field(default_factory=PropensityConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
+    mine: MineConfig = field(default_factory=MineConfig)
     train: TrainSection = field(default_factory=TrainSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
     index_champion: bool = True  # after the gate, `dssm index` the champion over the catalogue (dssm search)

@@ -100,11 +100,20 @@ PIPELINE: tuple[Stage, ...] = (
         retried=True,
     ),
     Stage(
+        "mine",
+        stages.mine_stage,
+        "hard negatives from the last champion's index (BM25 on a first run) in place of some sampled ones",
+        section="mine",
+        reads=("negatives", "clean", Earlier("index")),
+        when=lambda ctx: ctx.cfg.mine.hard > 0,
+        unless="mine.hard=0",
+    ),
+    Stage(
         "train",
         stages.train_stage,
         "one model per encoder of train.models (torchrun with train.nproc processes)",
         section="train",
-        reads=("negatives", "vocab"),
+        reads=("negatives", "vocab", "mine"),
         each=lambda ctx: ctx.cfg.train.encoders(),
     ),
     Stage(

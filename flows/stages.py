@@ -138,7 +138,11 @@ def simulate_stage(ctx: RunContext) -> StageOutput:
         desc = f"simulate {day}".strip()
         with tqdm(total=cfg.impressions, unit="imp", unit_scale=True, desc=desc, disable=None) as bar:
             return simulate(
-                judged.pairs(), out, replace(cfg, day=day) if day else cfg, judged.describe(), progress=bar.update,
+                judged.pairs(),
+                out,
+                replace(cfg, day=day) if day else cfg,
+                judged.describe(),
+                progress=bar.update,
                 force=ctx.force,
             )
 
@@ -196,6 +200,20 @@ def negatives_stage(ctx: RunContext, clean: StageOutput, propensity: StageOutput
     return run_data_stage("negatives", clean.path, out, build)
 
 
+def mine_stage(ctx: RunContext, negatives: StageOutput, clean: StageOutput, earlier_index: StageOutput | None):
+    """The negatives with a share mined from the index an earlier run left (last night's champion's), or
+    with BM25 over the title pool where there is none yet (jobs/mine.py)."""
+    from jobs.mine import mine
+
+    out, cfg = ctx.layout.mine, ctx.cfg.mine
+    index = Path(earlier_index.path) if earlier_index is not None else None
+
+    def build() -> dict[str, Any]:
+        return mine(Path(negatives.path), Path(clean.path) / "titles", index, out, cfg, ctx.force)
+
+    return run_data_stage("mine", negatives.path, out, build)
+
+
 def default_nproc() -> int:
     """One rank per GPU when there are GPUs, else one CPU process."""
     import torch
@@ -203,9 +221,13 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 1
 
 
-def train_stage(ctx: RunContext, encoder: str, negatives: StageOutput, vocab: StageOutput) -> StageOutput:
-    """One model of `train.models` on the negatives and vocabulary, into WORKDIR/train/ENCODER; in a
-    windowed run warm-started from the champion when it fits (flows/warm_start.py)."""
+def train_stage(
+    ctx: RunContext, encoder: str, negatives: StageOutput, vocab: StageOutput, mine: StageOutput | None
+) -> StageOutput:
+    """One model of `train.models` on the negatives (the mined ones when the mine stage ran) and the
+    vocabulary, into WORKDIR/train/ENCODER; in a windowed run warm-started from the champion when it
+    fits (flows/warm_start.py)."""
+    negatives = mine or negatives
     from dataclasses import replace
 
     from evaluation.registry import registered_name
@@ -292,6 +314,8 @@ def evaluate_stage(ctx: RunContext, train: list[StageOutput], negatives: StageOu
             mlflow_uri=ctx.mlflow_uri,
             run_date=ctx.window[-1] if ctx.window else "",
             force=ctx.force,
+            retrieval=section.retrieval,
+            gate_metric=section.gate_metric,
         )
         reports.append(evaluate(cfg))
         return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}

@@ -48,9 +48,10 @@ def context(tmp_path: Path, *overrides: str) -> RunContext:
 
 
 def test_the_progress_total_counts_what_will_run(tmp_path):
-    assert planned(PIPELINE, context(tmp_path)) == len(PIPELINE)
+    assert planned(PIPELINE, context(tmp_path, "mine.hard=0.25")) == len(PIPELINE)
+    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 1
     # ingested logs without judgments: no simulate, nothing to evaluate, index or analyse; two models
-    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]")
+    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]", "mine.hard=0.25")
     assert planned(PIPELINE, ingest) == len(PIPELINE) - 4 + 1
 
 
