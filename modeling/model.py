@@ -131,17 +131,18 @@ def training_loss(
     d: Tensor,
     cfg: LossConfig,
     weights: Tensor | None,
-    groups: Tensor,
+    keys: Tensor,
     across_ranks: bool = False,
     lists: ListTargets | None = None,
     listed: Tensor | None = None,
 ) -> Tensor:
     """The configured objective on a batch: `q` the queries (first sentences), `d` (B, 1 + n, dim)
-    the clicked titles (second sentences) and their negatives; with `loss.listwise` = λ > 0 and
+    the clicked titles (second sentences) and their negatives, `keys` the rows' (B, 2) [query,
+    clicked title] keys (`modeling.data.row_keys`); with `loss.listwise` = λ > 0 and
     `lists` (the rows' listwise targets, `listed` their titles' vectors), (1 − λ)·eq. (5) +
     λ·`listwise_loss`. Under DDP each rank averages its own lists."""
     if cfg.objective == "paraphrase":
-        return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
+        return paraphrase_loss(q, d[:, 0], keys[:, 0], cfg.margin)
     loss = click_loss(q, d, cfg, weights, across_ranks)
     if cfg.listwise and lists is not None and listed is not None:
         ranked = listwise_loss(q[lists.rows], listed, lists.mask, lists.targets, cfg.gamma)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from core.errors import DssmError
 from modeling.config import LossConfig, ModelConfig, OptimConfig, load_config
-from modeling.data import ListTargets, pair_weights
+from modeling.data import ListTargets, pair_weights, row_keys
 from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss, listwise_loss, training_loss
@@ -176,6 +180,22 @@ def test_loss_is_equation_5():
     torch.testing.assert_close(pair_weights(rows, "log_ipw"), torch.log1p(torch.tensor([7.5, 1.0])))
 
 
+def test_row_keys_are_the_same_in_every_process():
+    """Ranks compare the keys they gather from each other: no per-process salt (Python's hash())."""
+    rows = [("cordless drill", "drill 18v", []), ("cordless drill", "ladder", []), ("rug", "drill 18v", [])]
+    keys = row_keys(rows)
+    assert keys.dtype == torch.int64 and keys.shape == (3, 2)
+    assert keys[0, 0] == keys[1, 0] and keys[0, 1] == keys[2, 1]  # the same query; the same clicked title
+    assert keys[0, 0] != keys[2, 0] and keys[0, 1] != keys[1, 1]
+    code = "import json, sys; from modeling.data import row_keys; print(row_keys(json.load(sys.stdin)).tolist())"
+    for seed in ("0", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", code], input=json.dumps(rows), capture_output=True, text=True, env=env, check=True
+        )
+        assert done.stdout.strip() == str(keys.tolist())
+
+
 def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles():
     q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     d = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 3.0]]])
@@ -193,7 +213,7 @@ def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles
     lists = ListTargets(rows=torch.tensor([1]), docs=None, mask=mask, targets=targets)
     cfg = LossConfig(gamma=10.0, in_batch_negatives=False, listwise=0.25)
     plain = click_loss(q, d, cfg)
-    mixed = training_loss(q, d, cfg, None, torch.tensor([0, 1]), lists=lists, listed=listed)
+    mixed = training_loss(q, d, cfg, None, torch.tensor([[0, 0], [1, 1]]), lists=lists, listed=listed)
     torch.testing.assert_close(mixed, 0.75 * plain + 0.25 * expected)
 
 

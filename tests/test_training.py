@@ -101,9 +101,9 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
         return list(batches.steps(start, 9))  # 6 steps per epoch: across an epoch boundary
 
     def tensors(batch: tuple) -> list:
-        queries, docs, weights, groups, lists = batch
+        queries, docs, weights, keys, lists = batch
         texts = [getattr(t, f) for t in (queries, docs, lists.docs) for f in ("ids", "offsets", "words", "lengths")]
-        return [*texts, weights, groups, lists.rows, lists.mask, lists.targets]
+        return [*texts, weights, keys, lists.rows, lists.mask, lists.targets]
 
     def same(a: list, b: list) -> bool:
         return len(a) == len(b) and all(
