@@ -56,6 +56,7 @@ class LossConfig:
     margin: float = 0.4  # paraphrase: δ of max(0, δ − cos(s1, s2) + cos(s1, t1))
     gamma: float = 10.0  # smoothing factor of the softmax over cosines, eq. (5)
     in_batch_negatives: bool = True  # also score every other clicked title of the global batch (all ranks)
+    mask_in_batch: bool = False  # in-batch negatives skip the rows with the same query or the same clicked title
     # weight of a (query, clicked title) row; ipw: its clicks each weighted by 1/examination of their
     # rank (negatives built with `debias`)
     pair_weight: Literal["none", "clicks", "log_clicks", "ctr", "ipw", "log_ipw"] = "none"

@@ -12,6 +12,7 @@ different ones each epoch.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ Batch = tuple[TextBatch, TextBatch, Tensor, Tensor, ListTargets | None]
 
 class ClickBatches:
     """This rank's local batches: (queries, docs) TextBatches, docs as [clicked, negatives...] per
-    row, row weights, query groups and, with `listwise`, the rows' ListTargets (else None)."""
+    row, row weights, row keys (`row_keys`) and, with `listwise`, the rows' ListTargets (else None)."""
 
     def __init__(
         self,
@@ -156,9 +157,8 @@ class ClickBatches:
                 yield batch
 
     def encode(self, rows: list, rng: np.random.Generator | None = None, lists: bool | None = None) -> Batch:
-        """Query and document batches, each row's loss weight (`loss.pair_weight`), a group id per
-        row (rows with the same query share one: the paraphrase objective keeps them apart) and the
-        rows' ListTargets when `lists` (default: the batches' `listwise`)."""
+        """Query and document batches, each row's loss weight (`loss.pair_weight`), its keys
+        (`row_keys`) and the rows' ListTargets when `lists` (default: the batches' `listwise`)."""
         docs = []
         for _, positive, negatives, *_ in rows:
             if len(negatives) != self.n:
@@ -172,13 +172,12 @@ class ClickBatches:
             scrambled = rng.random(len(rows)) < self.cfg.scramble
         weights = pair_weights(rows, self.pair_weight)
         queries = [r[0] for r in rows]
-        groups = torch.from_numpy(np.unique(np.array(queries, dtype=object), return_inverse=True)[1].astype(np.int64))
         drop = self.cfg.word_dropout
         return (
             self.tokenizer.batch(queries, rng, drop, scrambled),
             self.tokenizer.batch(docs, rng, drop, np.repeat(scrambled, 1 + self.n)),
             weights,
-            groups,
+            row_keys(rows),
             self.list_targets(rows, rng) if (self.listwise if lists is None else lists) else None,
         )
 
@@ -222,6 +221,19 @@ def in_worker_process(batches: ClickBatches, start: int, total: int) -> Iterator
         multiprocessing_context="spawn",
     )
     yield from loader
+
+
+def text_key(text: str) -> int:
+    """A signed 64-bit hash of `text`, the same in every process (Python's hash() is salted per
+    process, and ranks compare the keys they gather from each other)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def row_keys(rows: list) -> Tensor:
+    """(B, 2) int64: each row's [query key, clicked title key]. Rows that share a query (or a
+    clicked title) share its key, so the losses can keep them from serving as each other's
+    negatives: the paraphrase objective by query, `loss.mask_in_batch` by either."""
+    return torch.tensor([[text_key(r[0]), text_key(r[1])] for r in rows], dtype=torch.int64).reshape(-1, 2)
 
 
 def pair_weights(rows: list, kind: str) -> Tensor:

@@ -77,7 +77,8 @@ def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
 def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:
     """Bytes a rank sends per step in collectives of fixed size: DDP's ring all-reduce of the
     gradients it manages (2(W−1)/W of their size) and, with in-batch negatives, the all-gather of
-    the clicked titles' vectors and its backward all-reduce. (Row-wise tables count their own.)"""
+    the clicked titles' vectors and its backward all-reduce, and with `mask_in_batch` the all-gather
+    of the rows' keys. (Row-wise tables count their own.)"""
     if d.world == 1:
         return 0
     ring = 2 * (d.world - 1) / d.world
@@ -86,6 +87,8 @@ def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:
     if cfg.loss.objective == "click" and cfg.loss.in_batch_negatives:
         rows = cfg.data.batch_size * model.dim * 4  # float32 vectors of the global batch
         gathered = rows // d.world * (d.world - 1) + ring * rows
+        if cfg.loss.mask_in_batch:
+            gathered += cfg.data.batch_size * 2 * 8 // d.world * (d.world - 1)  # (B, 2) int64 keys
     return int(ring * dense + gathered)
 
 

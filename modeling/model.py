@@ -64,15 +64,28 @@ class _GatherRows(torch.autograd.Function):
         return grad[start : start + rows]
 
 
+def _gather_keys(keys: Tensor) -> Tensor:
+    """Every rank's row keys, concatenated in rank order like `_GatherRows` (no gradient)."""
+    parts = [torch.empty_like(keys) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, keys.contiguous())
+    return torch.cat(parts)
+
+
 def click_loss(
-    q: Tensor, d: Tensor, cfg: LossConfig, weights: Tensor | None = None, across_ranks: bool = False
+    q: Tensor,
+    d: Tensor,
+    cfg: LossConfig,
+    weights: Tensor | None = None,
+    across_ranks: bool = False,
+    keys: Tensor | None = None,
 ) -> Tensor:
     """Eq. (5): softmax over γ·cos of the clicked title (index 0) and its negatives; mean −log P
     (a `weights`-weighted mean when given).
 
     With `in_batch_negatives`, every other example's clicked title is a negative too: those of the
     whole global batch when `across_ranks` (training under DDP), so the objective does not depend on
-    the number of processes."""
+    the number of processes. With `mask_in_batch` too, `keys` ((B, 2) [query, clicked title] keys,
+    `modeling.data.row_keys`) drop the other rows that share the row's query or its clicked title."""
     if q.dtype in (torch.float16, torch.bfloat16):  # autocast outputs: score in fp32
         q, d = q.float(), d.float()
     q = F.normalize(q, dim=-1, eps=1e-8)
@@ -83,6 +96,15 @@ def click_loss(
         others = q @ clicked.t()  # (B, global B): each row's own clicked title at column offset + row
         own = torch.arange(q.shape[0], device=q.device)
         others = others.index_put((own, own + offset), others.new_tensor(float("-inf")))
+        if cfg.mask_in_batch:
+            # another click of the same query is relevant to this row, and the same clicked title
+            # is this row's positive again: as negatives both would push relevant titles away
+            if keys is None:
+                raise ValueError("loss.mask_in_batch needs the rows' keys")
+            keys = keys.to(q.device)
+            every = _gather_keys(keys) if across_ranks else keys
+            shared = (keys.unsqueeze(1) == every.unsqueeze(0)).any(2)  # (B, global B)
+            others = others.masked_fill(shared, float("-inf"))
         scores = torch.cat([scores, others], 1)
     target = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
     if weights is None:
@@ -131,18 +153,19 @@ def training_loss(
     d: Tensor,
     cfg: LossConfig,
     weights: Tensor | None,
-    groups: Tensor,
+    keys: Tensor,
     across_ranks: bool = False,
     lists: ListTargets | None = None,
     listed: Tensor | None = None,
 ) -> Tensor:
     """The configured objective on a batch: `q` the queries (first sentences), `d` (B, 1 + n, dim)
-    the clicked titles (second sentences) and their negatives; with `loss.listwise` = λ > 0 and
+    the clicked titles (second sentences) and their negatives, `keys` the rows' (B, 2) [query,
+    clicked title] keys (`modeling.data.row_keys`); with `loss.listwise` = λ > 0 and
     `lists` (the rows' listwise targets, `listed` their titles' vectors), (1 − λ)·eq. (5) +
     λ·`listwise_loss`. Under DDP each rank averages its own lists."""
     if cfg.objective == "paraphrase":
-        return paraphrase_loss(q, d[:, 0], groups, cfg.margin)
-    loss = click_loss(q, d, cfg, weights, across_ranks)
+        return paraphrase_loss(q, d[:, 0], keys[:, 0], cfg.margin)
+    loss = click_loss(q, d, cfg, weights, across_ranks, keys)
     if cfg.listwise and lists is not None and listed is not None:
         ranked = listwise_loss(q[lists.rows], listed, lists.mask, lists.targets, cfg.gamma)
         loss = (1 - cfg.listwise) * loss + cfg.listwise * ranked

@@ -230,13 +230,13 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     regulariser, backward, Algorithm 1's gradient re-normalisation, the Nesterov step. Returns the
     loss, the regulariser (None without one), the gradient norm and the momentum μ of this step."""
     cfg, device, rows = run.cfg, run.device, run.rows
-    queries, docs, weights, groups, lists = batch
+    queries, docs, weights, keys, lists = batch
     mu = set_momentum(run.optimizer, step, run.total, cfg.optim)
     lists = lists.to(device) if lists is not None else None
     with run.autocast:
         q, dv, listed = run.ddp(queries.to(device), docs.to(device), lists.docs if lists is not None else None)
     weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
-    loss = training_loss(q, dv, cfg.loss, weighted, groups, run.d.world > 1, lists, listed)
+    loss = training_loss(q, dv, cfg.loss, weighted, keys, run.d.world > 1, lists, listed)
     penalty = regulariser(run.model, run.initial, cfg.loss)
     run.optimizer.zero_grad(set_to_none=True)
     (loss if penalty is None else loss + penalty).backward()
@@ -437,9 +437,9 @@ def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: Tra
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
         # unweighted and without lists: comparable across pair_weight and listwise settings
-        queries, docs, _, groups, _ = batches.encode(chunk, lists=False)
+        queries, docs, _, keys, _ = batches.encode(chunk, lists=False)
         q, d, _ = model(queries.to(device), docs.to(device))
-        total += float(training_loss(q, d, loss_cfg, None, groups)) * len(chunk)
+        total += float(training_loss(q, d, loss_cfg, None, keys)) * len(chunk)
         count += len(chunk)
     model.train()
     return total / max(count, 1)

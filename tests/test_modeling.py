@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from conftest import free_port
 
 from core.errors import DssmError
 from modeling.config import LossConfig, ModelConfig, OptimConfig, load_config
-from modeling.data import ListTargets, pair_weights
+from modeling.data import ListTargets, pair_weights, row_keys
 from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss, listwise_loss, training_loss
@@ -176,6 +185,91 @@ def test_loss_is_equation_5():
     torch.testing.assert_close(pair_weights(rows, "log_ipw"), torch.log1p(torch.tensor([7.5, 1.0])))
 
 
+# rows 0, 1 share a query; rows 0, 2 share a clicked title; row 3 shares nothing
+MASK_ROWS = [("drill", "cordless drill", []), ("drill", "drill bit", []), ("drill kit", "cordless drill", [])]
+MASK_ROWS += [("rug", "area rug", [])]
+
+
+def hand_click_loss(q: torch.Tensor, d: torch.Tensor, gamma: float, skip) -> torch.Tensor:
+    """Eq. (5) row by row: the row's own titles, then every other row's clicked title but `skip(i, j)`."""
+    losses = []
+    for i in range(q.shape[0]):
+        titles = [*d[i], *(d[j, 0] for j in range(q.shape[0]) if j != i and not skip(i, j))]
+        cos = torch.stack([F.cosine_similarity(q[i], t, dim=0) for t in titles])
+        losses.append(-torch.log_softmax(gamma * cos, 0)[0])
+    return torch.stack(losses).mean()
+
+
+def test_masked_in_batch_negatives_skip_rows_of_the_same_query_or_clicked_title():
+    torch.manual_seed(0)
+    q, d = torch.randn(4, 3), torch.randn(4, 2, 3)  # one sampled negative per row
+    keys = row_keys(MASK_ROWS)
+    shared = {(i, j) for i, a in enumerate(MASK_ROWS) for j, b in enumerate(MASK_ROWS) if a[0] == b[0] or a[1] == b[1]}
+    assert shared - {(i, i) for i in range(4)} == {(0, 1), (1, 0), (0, 2), (2, 0)}
+    masked = hand_click_loss(q, d, 10.0, lambda i, j: (i, j) in shared)
+    plain = hand_click_loss(q, d, 10.0, lambda i, j: False)
+    on = LossConfig(gamma=10.0, mask_in_batch=True)
+    torch.testing.assert_close(click_loss(q, d, on, keys=keys), masked)
+    torch.testing.assert_close(training_loss(q, d, on, None, keys), masked)
+    # off (the default): every other clicked title, whatever the keys
+    assert not LossConfig().mask_in_batch
+    torch.testing.assert_close(click_loss(q, d, LossConfig(gamma=10.0)), plain)
+    torch.testing.assert_close(training_loss(q, d, LossConfig(gamma=10.0), None, keys), plain)
+    assert float(masked) != pytest.approx(float(plain))
+    # without in-batch negatives there is nothing to mask
+    only_own = LossConfig(gamma=10.0, in_batch_negatives=False)
+    torch.testing.assert_close(
+        click_loss(q, d, replace(only_own, mask_in_batch=True), keys=keys), click_loss(q, d, only_own)
+    )
+    with pytest.raises(ValueError, match="keys"):
+        click_loss(q, d, on)
+
+
+def _masked_loss_on_a_rank(rank: int, port: int, q, d, keys, out) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        half = slice(2 * rank, 2 * rank + 2)
+        q, d = q[half].clone().requires_grad_(), d[half].clone().requires_grad_()
+        loss = click_loss(q, d, LossConfig(gamma=10.0, mask_in_batch=True), across_ranks=True, keys=keys[half])
+        loss.backward()
+        out[rank] = (loss.detach(), q.grad, d.grad)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration  # more than one process
+def test_masked_in_batch_negatives_across_two_gloo_ranks_are_the_global_batchs():
+    """Each rank holds 2 of MASK_ROWS: row 0 and its masked rows 1 (same rank) and 2 (the other)."""
+    torch.manual_seed(0)
+    q, d = torch.randn(4, 3), torch.randn(4, 2, 3)
+    keys = row_keys(MASK_ROWS)
+    out = mp.Manager().dict()
+    mp.spawn(_masked_loss_on_a_rank, args=(free_port(), q, d, keys, out), nprocs=2)
+    q1, d1 = q.clone().requires_grad_(), d.clone().requires_grad_()
+    one = click_loss(q1, d1, LossConfig(gamma=10.0, mask_in_batch=True), keys=keys)
+    one.backward()
+    torch.testing.assert_close((out[0][0] + out[1][0]) / 2, one.detach())
+    # the backward hands each rank the gradient of the sum of the ranks' mean losses: 2x the global mean's
+    torch.testing.assert_close(torch.cat([out[0][1], out[1][1]]) / 2, q1.grad)
+    torch.testing.assert_close(torch.cat([out[0][2], out[1][2]]) / 2, d1.grad)
+
+
+def test_row_keys_are_the_same_in_every_process():
+    """Ranks compare the keys they gather from each other: no per-process salt (Python's hash())."""
+    rows = [("cordless drill", "drill 18v", []), ("cordless drill", "ladder", []), ("rug", "drill 18v", [])]
+    keys = row_keys(rows)
+    assert keys.dtype == torch.int64 and keys.shape == (3, 2)
+    assert keys[0, 0] == keys[1, 0] and keys[0, 1] == keys[2, 1]  # the same query; the same clicked title
+    assert keys[0, 0] != keys[2, 0] and keys[0, 1] != keys[1, 1]
+    code = "import json, sys; from modeling.data import row_keys; print(row_keys(json.load(sys.stdin)).tolist())"
+    for seed in ("0", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", code], input=json.dumps(rows), capture_output=True, text=True, env=env, check=True
+        )
+        assert done.stdout.strip() == str(keys.tolist())
+
+
 def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles():
     q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     d = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 3.0]]])
@@ -193,7 +287,7 @@ def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles
     lists = ListTargets(rows=torch.tensor([1]), docs=None, mask=mask, targets=targets)
     cfg = LossConfig(gamma=10.0, in_batch_negatives=False, listwise=0.25)
     plain = click_loss(q, d, cfg)
-    mixed = training_loss(q, d, cfg, None, torch.tensor([0, 1]), lists=lists, listed=listed)
+    mixed = training_loss(q, d, cfg, None, torch.tensor([[0, 0], [1, 1]]), lists=lists, listed=listed)
     torch.testing.assert_close(mixed, 0.75 * plain + 0.25 * expected)
 
 

@@ -101,9 +101,9 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
         return list(batches.steps(start, 9))  # 6 steps per epoch: across an epoch boundary
 
     def tensors(batch: tuple) -> list:
-        queries, docs, weights, groups, lists = batch
+        queries, docs, weights, keys, lists = batch
         texts = [getattr(t, f) for t in (queries, docs, lists.docs) for f in ("ids", "offsets", "words", "lengths")]
-        return [*texts, weights, groups, lists.rows, lists.mask, lists.targets]
+        return [*texts, weights, keys, lists.rows, lists.mask, lists.targets]
 
     def same(a: list, b: list) -> bool:
         return len(a) == len(b) and all(
@@ -117,9 +117,12 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
 
 
 @pytest.mark.integration  # more than one process
-@pytest.mark.parametrize("encoder", ["lstm", "avg"])  # avg: the row-wise table is its only parameter (no DDP)
-def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder):
-    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1"]
+# avg: the row-wise table is its only parameter (no DDP); masked: the ranks gather each other's row keys
+@pytest.mark.parametrize(
+    "encoder,extra", [("lstm", []), ("avg", []), ("lstm", ["loss.mask_in_batch=true"])], ids=["lstm", "avg", "masked"]
+)
+def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder, extra):
+    common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1", *extra]
     one = dssm_train(*common, f"out={tmp_path / 'one'}", f"mlflow_uri=sqlite:///{tmp_path}/one.db")
     assert one.returncode == 0, one.stderr
     two = dssm_train("--nproc", "2", *common, f"out={tmp_path / 'two'}", f"mlflow_uri=sqlite:///{tmp_path}/two.db")
