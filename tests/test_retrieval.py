@@ -275,3 +275,23 @@ def test_bm25s_reproduces_protocols_bm25_row_on_home_depot(home_depot):
     result = evaluate_scores(eval_set, "bm25s", scores)
     for k, reference in ((1, 70.1), (3, 73.9), (10, 88.4)):  # PROTOCOL.md §7
         assert abs(result.mean(f"ndcg@{k}") - reference) <= 0.2
+
+
+@pytest.mark.integration
+def test_bm25_retrieval_from_the_whole_home_depot_catalogue_reproduces_protocols_row(home_depot):
+    """PROTOCOL.md §8's reference row, through `dssm evaluate --retrieval`'s code path."""
+    from core.judgments import JudgedSetSpec, resolve_judged_set
+    from evaluation.protocol import load_eval_set, relevant_threshold
+    from evaluation.retrieval import Catalogue, evaluate_retrieval
+    from evaluation.systems import build_baseline
+
+    judged = resolve_judged_set(home_depot, JudgedSetSpec(encoding="latin-1"))
+    pairs = judged.pairs()
+    eval_set = load_eval_set(judged)
+    catalogue = Catalogue.of_judged(pairs)
+    row = evaluate_retrieval(eval_set, catalogue, [build_baseline("bm25", pairs)], relevant_threshold(eval_set))
+    assert row["catalogue_titles"] == 53_474 and row["queries"] == 1_580
+    reference = {"ndcg@10": 27.7, "recall@10": 32.7, "recall@100": 62.9, "recall@1000": 82.1}
+    reference |= {"judged@10": 23.3, "condensed_ndcg@10": 75.0}
+    for metric, value in reference.items():
+        assert abs(row["systems"]["bm25"][metric] - value) <= 0.1, metric
