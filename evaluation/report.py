@@ -140,8 +140,15 @@ def write_report(
     evaluation/retrieval.py's full-catalogue section."""
     out.mkdir(parents=True, exist_ok=True)
     report = summarise(eval_set, results, relevant_at)
-    if retrieval is not None:
-        report["retrieval"] = retrieval
+    if retrieval is not None:  # per-query values in a file of their own, for seed-mean paired tests
+        systems = {
+            name: {k: v for k, v in entry.items() if k != "per_query"} for name, entry in retrieval["systems"].items()
+        }
+        per_query = {name: entry["per_query"] for name, entry in retrieval["systems"].items()}
+        report["retrieval"] = {k: v for k, v in retrieval.items() if k not in ("qids", "systems")} | {
+            "systems": systems
+        }
+        (out / "retrieval-per-query.json").write_text(json.dumps({"qids": retrieval["qids"], "systems": per_query}))
     for name, entry in report["systems"].items():
         entry["mlflow_run_id"] = run_ids.get(name)
     write_trec(out, eval_set, results)

@@ -126,7 +126,9 @@ def rankings(system: System, catalogue: Catalogue, queries: list[str]) -> list[n
 def evaluate_retrieval(
     eval_set: EvalSet, catalogue: Catalogue, systems: list[System], threshold: float
 ) -> dict[str, Any]:
-    """report.json's `retrieval` section: each system's §8 metrics, and p-values against BM25."""
+    """report.json's `retrieval` section: each system's §8 metrics and p-values against BM25, with
+    the per-query values (`per_query`, in the order of `qids`) that write_report moves to a file of
+    their own."""
     queries = [q.query for q in eval_set.queries]
     measured: dict[str, dict[str, Any]] = {}
     for system in systems:
@@ -145,8 +147,10 @@ def evaluate_retrieval(
         entry = {m: round(v, 4) if isinstance(v, float) else v for m, v in metrics.items()}
         if reference is not None and name != REFERENCE:
             entry["p_vs_bm25"] = {m: _paired(per_query[m], reference[m]) for m in METRICS}
+        entry["per_query"] = {m: [None if np.isnan(v) else float(v) for v in per_query[m]] for m in METRICS}
         out[name] = entry
-    return {"catalogue_titles": len(catalogue.titles), "queries": len(queries), "systems": out}
+    qids = [q.qid for q in eval_set.queries]
+    return {"catalogue_titles": len(catalogue.titles), "queries": len(queries), "qids": qids, "systems": out}
 
 
 def _paired(a: np.ndarray, b: np.ndarray) -> float:

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: scripts_common (see its docstring)
 
 import numpy as np
+from scipy import stats
 
 from core.layout import Layout
 from evaluation.protocol import CUTOFFS
@@ -84,8 +85,9 @@ def main() -> None:
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
         evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
-    else:  # each model + BM25, the fusion weight fit on the validation queries (evaluation/hybrid.py)
-        evaluate += ["--hybrid-dev", str(Layout(work).negatives)]
+    else:  # each model + BM25, the fusion weights fit on the validation queries (evaluation/hybrid.py,
+        # retrieval/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
+        evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval"]
     models = [layout.train(e) for e in encoders] + extra
     dssm(*evaluate, *[a for m in models for a in ("--model", str(m))])
     print((out / "report.md").read_text())
@@ -95,6 +97,8 @@ def main() -> None:
         names = [first, *(m.name for m in extra)]  # evaluate names later models of an encoder by run dir
         systems = {"": names} | ({"+bm25": [f"{n}+bm25" for n in names]} if not args.dev else {})
         print(seed_table(out, first, systems, [b for b in ("bm25", "minilm") if b in args.baselines.split(",")]))
+        if not args.dev:
+            print(retrieval_table(out, first, systems))
 
 
 def seed_table(report: Path, first: str, systems: dict[str, list[str]], references: list[str]) -> str:
@@ -114,6 +118,31 @@ def seed_table(report: Path, first: str, systems: dict[str, list[str]], referenc
                 mean = seed_mean([per_query_ndcg(report, n, k) for n in names])
                 cells.append(paired_cell(f"NDCG@{k}", per_query_ndcg(report, ref, k), mean))
             lines.append(f"{first}{suffix} (seed mean) − {ref}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
+def retrieval_table(report: Path, first: str, systems: dict[str, list[str]]) -> str:
+    """PROTOCOL.md §8 from the whole catalogue: the single systems as measured, the first encoder's
+    rows as mean ± sd over seeds, with the paired t-test of the seed-averaged per-query values
+    against BM25."""
+    section = json.loads((report / "report.json").read_text())["retrieval"]
+    per_query = json.loads((report / "retrieval-per-query.json").read_text())["systems"]
+    metrics = ("ndcg@10", "recall@10", "recall@100", "recall@1000", "judged@10", "condensed_ndcg@10")
+    seeded = {n for names in systems.values() for n in names}
+    lines = [f"\nretrieval from all {section['catalogue_titles']:,} titles, {section['queries']} test queries"]
+    lines += ["| system | " + " | ".join(metrics) + " | p (NDCG@10) vs bm25 |", "|---|" + "---|" * (len(metrics) + 1)]
+    for name, s in section["systems"].items():
+        if name not in seeded:
+            p = s.get("p_vs_bm25", {}).get("ndcg@10")
+            shown = f"{p:.2g}" if p is not None else ""
+            lines.append(f"| {name} | " + " | ".join(f"{s[m]:.1f}" for m in metrics) + f" | {shown} |")
+    bm25 = np.array(per_query["bm25"]["ndcg@10"], dtype=float)
+    for suffix, names in systems.items():
+        cells = [np.array([section["systems"][n][m] for n in names]) for m in metrics]
+        mean = np.mean([np.array(per_query[n]["ndcg@10"], dtype=float) for n in names], axis=0)
+        p = stats.ttest_rel(mean, bm25).pvalue
+        shown = " | ".join(f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" for v in cells)
+        lines.append(f"| {first}{suffix}, {len(names)} seeds | {shown} | {p:.2g} |")
     return "\n".join(lines)
 
 
