@@ -30,11 +30,9 @@ from core.text import norm
 from evaluation.protocol import build_eval_set, paired_test, relevant_threshold
 from retrieval.bm25 import CatalogueBM25
 from retrieval.index import IndexConfig, build_faiss
-from retrieval.quality import catalogue_metrics
+from retrieval.quality import DEPTH, catalogue_metrics
 from retrieval.retriever import Retriever, unit_rows
 from scripts_common import HOME_DEPOT, ROOT
-
-DEPTH = 100
 
 
 def peak_rss_mb() -> float:
@@ -148,7 +146,7 @@ def main() -> None:
     baseline = None
     for name, ids in runs.items():
         metrics = catalogue_metrics(eval_set, ranked(ids), threshold)
-        per_query = metrics.pop("per_query")
+        per_query = metrics.pop("per_query")["ndcg@10"]
         baseline = per_query if name.startswith("bm25") else baseline
         result["systems"][name] = metrics | {"_per_query": per_query}
     for metrics in result["systems"].values():
