@@ -48,6 +48,8 @@ def train(workdir: Path, variant: str, seeds: list[int]) -> None:
     keys, mine = VARIANTS[variant]
     negatives = workdir / "negatives"
     if mine is not None:
+        if not (workdir / "index" / "manifest.json").is_file():
+            sys.exit(f"{workdir}/index is absent: the run's index stage builds it")
         negatives = workdir / "study" / f"negatives-{variant}"
         dssm("mine", "--negatives", str(workdir / "negatives"), "--index", str(workdir / "index"),
              "--out", str(negatives), *mine)  # fmt: skip
@@ -143,8 +145,8 @@ def main() -> None:
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} is absent: this study needs ../shared/data")
-    if not (args.workdir / "index").is_dir():
-        sys.exit(f"{args.workdir}/index is absent: run `dssm run --config {TABLE4}/lstm.yaml --workdir {args.workdir}`")
+    if not (args.workdir / "negatives").is_dir():
+        sys.exit(f"{args.workdir} has no run: `dssm run --config {TABLE4}/lstm.yaml --workdir {args.workdir}` first")
     variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
     if not args.score_only:
         for variant in variants:
