@@ -147,6 +147,7 @@ def main() -> None:
         sys.exit(f"{args.judgments} is absent: this study needs ../shared/data")
     if not (args.workdir / "negatives").is_dir():
         sys.exit(f"{args.workdir} has no run: `dssm run --config {TABLE4}/lstm.yaml --workdir {args.workdir}` first")
+    args.workdir = args.workdir.resolve()  # MLflow wants an absolute sqlite path
     variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
     if not args.score_only:
         for variant in variants:
