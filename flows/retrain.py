@@ -15,7 +15,10 @@ Importing this module runs flows/__init__.py first, which sets Prefect defaults 
 # No `from __future__ import annotations`: Prefect validates the flow's `config: RunConfig` parameter
 # with pydantic from the real annotation (a string would not resolve when a deployment loads the flow).
 import json
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +167,36 @@ def add_arguments(p) -> None:
     p.epilog = describe()
 
 
+class FailureReport(logging.Filter):
+    """Prefect's console report of a failed run: the exception's traceback (about 100 lines) and the
+    state lines that repeat the error `dssm run` then prints as its one line. Only the console's
+    handler drops them: Prefect's API handler still sends them to the flow run's logs (the UI)."""
+
+    REPEATS = ("Finished in state Failed", "Finished in state Crashed")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+            return True
+        return not record.exc_info and not record.getMessage().startswith(self.REPEATS)
+
+
+@contextmanager
+def console_without_failure_report(verbose: bool) -> Iterator[None]:
+    """Prefect's console handlers, for the block, without its failure report (kept with -v, as other
+    commands show a trace only with -v)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handlers = [] if verbose else [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    quiet = FailureReport()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
 def command(args) -> None:
     """`dssm run`: the flow, ad hoc, then its table and each stage's time and counts."""
     import time
@@ -174,7 +207,8 @@ def command(args) -> None:
     cfg = config_from_args(args)
     start_guardian()  # a SIGKILL of this pid alone must not orphan the ephemeral Prefect server
     started = time.time()
-    summary = retrain(cfg)
+    with console_without_failure_report(getattr(args, "verbose", False)):
+        summary = retrain(cfg)
     layout = Layout(cfg.workdir)
     if (layout.evaluate / "report.md").exists() and "systems" in summary:
         print("\n" + (layout.evaluate / "report.md").read_text(), end="")
