@@ -57,14 +57,20 @@ def data_files(root: Path) -> list[Path]:
     )
 
 
-def content_sha256(root: Path) -> str:
-    """One hash over relative paths and bytes of a file or a directory's data files."""
-    digest = hashlib.sha256()
+def file_sha256s(root: Path) -> dict[str, str]:
+    """The sha256 of each data file of a file or directory, by path relative to the directory."""
     base = root if root.is_dir() else root.parent
-    for path in data_files(root):
-        digest.update(str(path.relative_to(base)).encode())
+    return {str(path.relative_to(base)): sha256_file(path) for path in data_files(root)}
+
+
+def content_sha256(root: Path, hashes: dict[str, str] | None = None) -> str:
+    """One hash over relative paths and bytes of a file or a directory's data files (from `hashes`,
+    their `file_sha256s`, when the caller has them)."""
+    digest = hashlib.sha256()
+    for name, sha in (file_sha256s(root) if hashes is None else hashes).items():
+        digest.update(name.encode())
         digest.update(b"\0")
-        digest.update(sha256_file(path).encode())
+        digest.update(sha.encode())
     return digest.hexdigest()
 
 
@@ -173,14 +179,38 @@ def damage(output: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def require_manifest(output: Path, stage: str) -> dict[str, Any]:
-    """The manifest of a finished, intact upstream output, or a clear error naming what to run."""
+def altered(output: Path, manifest: dict[str, Any]) -> str | None:
+    """What differs from the files a manifest lists, byte for byte (a file missing, of another size or
+    other content, or a data file it does not list), or None when the output is as it was written.
+    Reads every file: for an output served as a whole (an index), where one file swapped in from
+    another output, or a same-size corruption, must not pass as the output `damage` sees."""
+    problem = damage(output, manifest)
+    if problem:
+        return problem
+    recorded = manifest.get("file_sha256")
+    if recorded is None:  # refusing it would stop the run that rebuilds it (its code changed) at `dssm mine`
+        log.warning("%s: written before manifests held file hashes; its files are checked by size only", output)
+        return None
+    if not isinstance(recorded, dict):
+        return f"{Path(output) / MANIFEST} has no readable file hashes"
+    actual = file_sha256s(Path(output))
+    for name, sha in recorded.items():
+        if actual.get(name) != sha:
+            return f"{Path(output) / name} is not the file this output was built with (its sha256 differs)"
+    for name in actual.keys() - recorded.keys():
+        return f"{Path(output) / name} is not part of this output (its manifest does not list it)"
+    return None
+
+
+def require_manifest(output: Path, stage: str, content: bool = False) -> dict[str, Any]:
+    """The manifest of a finished, intact upstream output, or a clear error naming what to run;
+    with `content`, every file is hashed and compared with the manifest's hashes (`altered`)."""
     manifest = read_manifest(output)
     if manifest is None:
         raise DssmError(f"{output}: no `dssm {stage}` output here (no readable {MANIFEST}); run `dssm {stage}` first")
     if manifest.get("stage") != stage:
         raise DssmError(f"{output}: expected a `dssm {stage}` output, found {manifest.get('stage')!r}")
-    problem = damage(output, manifest)
+    problem = altered(output, manifest) if content else damage(output, manifest)
     if problem:
         raise DssmError(f"{output} is damaged: {problem}; run `dssm {stage} --force` to rebuild it")
     return manifest
@@ -200,13 +230,26 @@ def up_to_date(output: Path, key: str) -> dict[str, Any] | None:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     files = data_files(directory)
+    hashes = file_sha256s(directory)  # hashed anyway for content_sha256; kept so `altered` can name a file
     manifest = {
         **manifest,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "content_sha256": content_sha256(directory),
+        "content_sha256": content_sha256(directory, hashes),
         "files": {str(p.relative_to(directory)): p.stat().st_size for p in files},
+        "file_sha256": hashes,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def amend_manifest(output: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """A published output's manifest with `fields` added (what a stage learns after the rename, such as
+    where it registered the output), replaced atomically; its file sizes and hashes stay as written."""
+    output = Path(output)
+    manifest = (read_manifest(output) or {}) | fields
+    tmp = output / f".{MANIFEST}.tmp-{uuid.uuid4().hex[:12]}"  # hidden: never one of the output's data files
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, output / MANIFEST)
     return manifest
 
 

@@ -6,6 +6,10 @@ driver then builds a faiss index of the unit vectors (`titles.faiss`) and copies
 checkpoint into `model/`, so the directory answers queries on its own (retrieval/retriever.py).
 With a tracking store, the directory is logged as the pyfunc `retriever` in the model version's
 run, registered as NAME-retriever with the version's aliases, and the version is tagged with it.
+
+The manifest records every file's sha256 and the model version; `Retriever.load` checks them, so a
+file swapped in from another index or damaged since is refused by name. The retriever is
+registered after the directory is published, so the logged copy carries that manifest.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from core.artifacts import code_fingerprint, content_sha256, publish, read_manifest
+from core.artifacts import amend_manifest, code_fingerprint, content_sha256, publish, read_manifest
 from core.errors import DssmError
 from jobs.schemas import EMBEDDINGS
 from retrieval.retriever import INDEX_FILE, log_retriever, unit_rows
@@ -221,20 +225,19 @@ def index(
             build_seconds,
             counts["index_bytes"] / 1e6,
         )
-        fields = {"counts": counts, "model": asdict(model)}
-        if register and model.name:  # before the rename: a failed registration leaves no index to skip next time
-            fields["retriever"] = register_index(tmp, model, tracking_uri, counts, inputs["titles"])
-        return fields
+        return {"counts": counts, "model": asdict(model)}
 
     with cluster_errors():
-        return publish(
-            out, "index", code_fingerprint(__name__), inputs, asdict(cfg) | {"register": register}, build, force
-        )
+        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
+    # After the rename, so the logged copy carries the manifest its loader checks every file against;
+    # an index whose registration failed is up to date next time and only registered then.
+    if register and model.name and "retriever" not in manifest:
+        retriever = register_index(Path(out), model, tracking_uri, manifest)
+        manifest = amend_manifest(out, {"retriever": retriever}) | {"skipped": manifest["skipped"]}
+    return manifest
 
 
-def register_index(
-    out: Path, model: ModelRef, tracking_uri: str, counts: dict[str, Any], titles: dict[str, str]
-) -> dict[str, str]:
+def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict[str, Any]) -> dict[str, str]:
     """Log the index as the pyfunc `retriever` in the model version's run, register it as
     NAME-retriever with the version's aliases, and tag the version with where it went."""
     import mlflow
@@ -243,6 +246,7 @@ def register_index(
 
     client = mlflow.MlflowClient(tracking_uri)
     retriever_name = f"{model.name}-retriever"
+    counts, titles = manifest["counts"], manifest["inputs"]["titles"]
     with mlflow.start_run(run_id=model.run_id):
         uri, version = log_retriever(out, retriever_name)
         numbers = {k: v for k, v in counts.items() if isinstance(v, int | float)}

@@ -3,9 +3,10 @@
 An index directory is self-contained (retrieval/index.py writes it): `titles.faiss` (unit title
 vectors, inner product = cosine), `embeddings/` (the titles in index order), and `model/` (the slim
 checkpoint, plus `fusion.json` when the indexed model is a hybrid, with `bm25/`: a bm25s index of the
-same titles). A hybrid's candidates are the index's top `depth` and BM25's top `depth`; it fuses
-their scores as its `RetrievalFusion` says (retrieval/fusion.py: z-scores, reciprocal ranks, or the
-re-ranking's cos + w·BM25 for a hybrid saved before) and returns the best k (docs/retrieval.md).
+same titles); its manifest.json holds each file's sha256, checked at load. A hybrid's candidates
+are the index's top `depth` and BM25's top `depth`; it fuses their scores as its `RetrievalFusion`
+says (retrieval/fusion.py: z-scores, reciprocal ranks, or the re-ranking's cos + w·BM25 for a hybrid
+saved before) and returns the best k (docs/retrieval.md).
 
 `RetrieverModel` is the same as an MLflow pyfunc (the `retriever` model logged beside each indexed
 model version): a DataFrame with a `query` column in, one row per (query, rank) out.
@@ -25,6 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
+from core.artifacts import require_manifest
 from core.errors import DssmError
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 
@@ -87,6 +89,9 @@ class Retriever:
         path = Path(index_dir)
         if not (path / INDEX_FILE).is_file():
             raise DssmError(f"{path}: no index here ({INDEX_FILE} missing); run `dssm index` or `dssm run` first")
+        # every file against the manifest's sha256: one copied from another index (or another model's
+        # checkpoint) would answer with a mix of two models, and a same-size corruption passes a size check
+        require_manifest(path, "index", content=True)
         index = faiss.read_index(str(path / INDEX_FILE))
         if ef_search and hasattr(index, "hnsw"):
             index.hnsw.efSearch = ef_search

@@ -96,6 +96,11 @@ def test_index_embeds_with_spark_udf_searches_exactly_and_logs_a_retriever(spark
     }
     eval_contexts = {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"}
     assert eval_contexts == {"evaluation", "catalogue"}  # the judged set it was evaluated on, and the catalogue
+
+    # the manifest holds every served file's sha256 (Retriever.load checks them) and the model version
+    served = set(manifest["file_sha256"])
+    assert {"titles.faiss", "model/model.pt", "model.json"} <= served
+    assert any(f.startswith("embeddings/part-") for f in served) and manifest["model"]["version"] == "1"
     train_run = client_for(registered).get_run(read_checkpoint(registered["checkpoint"])["mlflow_run_id"])
     contexts = {t.value for i in train_run.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
     assert contexts == {"training", "validation", "vocabulary"}
@@ -204,6 +209,123 @@ def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(
         np.testing.assert_allclose([h.score for h in hits], [fused[i] for i in expected], atol=1e-5)
         if kind == "flat":
             assert sorted(h.title for h in hits) == sorted(titles[i] for i in expected)
+
+
+def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
+    """A `dssm index` output written without Spark: the files retrieval/index.py writes (the title
+    tower's vectors in a flat faiss index, the slim checkpoint, a hybrid's fusion.json and bm25/) and
+    the manifest `publish` writes over them."""
+    import faiss
+
+    from core.artifacts import write_manifest
+    from evaluation.registry import slim_checkpoint
+    from retrieval.bm25 import CatalogueBM25
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import INDEX_FILE
+
+    (out / "embeddings").mkdir(parents=True)
+    (out / "model").mkdir()
+    vectors = TwoTowerEmbedder(checkpoint).embed(titles, "doc")
+    columns = {"title": titles, "embedding": vectors.tolist(), "model_version": ["dssm-tiny/1"] * len(titles)}
+    pq.write_table(pa.table(columns), out / "embeddings" / "part-00000.parquet")
+    faiss.write_index(build_faiss(vectors, IndexConfig(kind="flat"))[0], str(out / INDEX_FILE))
+    slim_checkpoint(checkpoint, out / "model" / "model.pt")
+    if fusion is not None:
+        (out / "model" / "fusion.json").write_text(json.dumps(fusion))
+        CatalogueBM25(titles).save(out / "bm25")
+    model = {"uri": "models:/dssm-tiny/1", "name": "dssm-tiny", "version": "1", "run_id": ""}
+    (out / "model.json").write_text(json.dumps(model))
+    write_manifest(out, {"stage": "index", "model": model})
+    return out
+
+
+def tiny_fusion(titles: list[str]) -> dict:
+    """A hybrid's fusion.json: BM25 statistics of the titles, a re-ranking weight and a retrieval fusion."""
+    from evaluation.lexical import BM25, Collection
+    from retrieval.fusion import RetrievalFusion
+
+    return {"bm25": BM25.fit(Collection(titles)).to_dict(), "weight": 0.3, "retrieval": RetrievalFusion().to_dict()}
+
+
+def test_an_index_whose_files_do_not_belong_together_is_refused_naming_the_file(registered, tmp_path):
+    """A file copied from another index or another model, or damaged at the same size, used to be
+    served (a mix of two models, or scores around 6.7e37) with rc 0."""
+    import re
+    import shutil
+
+    from core.artifacts import damage, read_manifest
+    from core.errors import DssmError
+    from core.tracking import experiment_id
+    from retrieval.retriever import Retriever, log_retriever
+
+    titles = catalogue(tmp_path / "titles.parquet")
+    good = hand_built_index(tmp_path / "good", registered["checkpoint"], titles, tiny_fusion(titles))
+    other = hand_built_index(tmp_path / "other", registered["checkpoint"], [f"{t} x" for t in titles])
+    assert (good / "titles.faiss").stat().st_size == (other / "titles.faiss").stat().st_size
+    hits = Retriever.load(good).search(["cordless drill"], 3)[0]  # the hybrid with its retrieval fusion serves
+    assert len(hits) == 3 and "drill" in hits[0].title
+
+    def another_model(path: Path) -> None:  # the same architecture and vocabulary, other weights: same size
+        import torch
+
+        state = read_checkpoint(path)
+        for tensor in state["model"].values():
+            if tensor.is_floating_point():
+                tensor.add_(0.01)  # in place: tensors that share storage keep sharing it
+        torch.save(state, path)
+
+    def flip(path: Path) -> None:  # same size, other bytes: the middle of the vectors
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = b"\x7f" * 64
+        path.write_bytes(data)
+
+    tampered = {
+        "another index's titles.faiss": ("titles.faiss", lambda p: shutil.copyfile(other / "titles.faiss", p)),
+        "another model's model.pt": ("model/model.pt", another_model),
+        "a same-size corrupted titles.faiss": ("titles.faiss", flip),
+        "an edited fusion.json": ("model/fusion.json", lambda p: p.write_text(p.read_text().replace("0.3", "3.0"))),
+        "another index's embeddings": (
+            "embeddings/part-00000.parquet",
+            lambda p: shutil.copyfile(other / "embeddings" / "part-00000.parquet", p),
+        ),
+    }
+    for i, (case, (name, tamper)) in enumerate(tampered.items()):
+        broken = tmp_path / f"broken-{i}"
+        shutil.copytree(good, broken)
+        tamper(broken / name)
+        differs = r" (is not the file this output was built with|has \d+ bytes, the manifest says \d+)"
+        with pytest.raises(DssmError, match=re.escape(str(broken / name)) + differs + ".*dssm index --force"):
+            Retriever.load(broken)
+        if case in ("another index's titles.faiss", "another model's model.pt", "a same-size corrupted titles.faiss"):
+            assert damage(broken, read_manifest(broken)) is None  # what the size check alone let through
+    # an index written before manifests held hashes still serves (sizes checked): `dssm run` rebuilds it
+    legacy = tmp_path / "legacy"
+    shutil.copytree(good, legacy)
+    written = json.loads((legacy / "manifest.json").read_text())
+    del written["file_sha256"]
+    (legacy / "manifest.json").write_text(json.dumps(written))
+    assert Retriever.load(legacy).search(["cordless drill"], 1)[0]
+    # a file the manifest does not list: a plain index turned into a hybrid
+    shutil.copyfile(good / "model" / "fusion.json", other / "model" / "fusion.json")
+    with pytest.raises(DssmError, match=re.escape(str(other / "model" / "fusion.json")) + " is not part of"):
+        Retriever.load(other)
+
+    # the pyfunc retriever checks its own copy at load
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    with mlflow.start_run(experiment_id=experiment_id(store, "retriever")):
+        uri, _ = log_retriever(good, None)
+    assert len(mlflow.pyfunc.load_model(uri).predict(pd_frame(["cordless drill"]), params={"k": 2})) == 2
+    (logged,) = (tmp_path / "mlartifacts").rglob("titles.faiss")
+    flip(logged)
+    with pytest.raises(DssmError, match=re.escape(str(logged)) + " is not the file"):
+        mlflow.pyfunc.load_model(uri)
+
+
+def pd_frame(queries: list, titles: list | None = None):
+    import pandas as pd
+
+    return pd.DataFrame({"query": queries} | ({"title": titles} if titles is not None else {}))
 
 
 def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
