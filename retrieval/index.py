@@ -9,7 +9,9 @@ run, registered as NAME-retriever with the version's aliases, and the version is
 
 The manifest records every file's sha256 and the model version; `Retriever.load` checks them, so a
 file swapped in from another index or damaged since is refused by name. The retriever is
-registered after the directory is published, so the logged copy carries that manifest.
+registered after the directory is published (the logged copy carries that manifest), and a rebuild
+with the same content as a version already registered for this model version (after --force or a
+lost directory) reuses that version rather than registering a copy.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from core.artifacts import amend_manifest, code_fingerprint, content_sha256, publish, read_manifest
 from core.errors import DssmError
 from jobs.schemas import EMBEDDINGS
 from retrieval.retriever import INDEX_FILE, log_retriever, unit_rows
+
+if TYPE_CHECKING:
+    import mlflow
+    from mlflow.entities.model_registry import ModelVersion
 
 log = logging.getLogger(__name__)
 Kind = Literal["auto", "flat", "hnsw"]
@@ -237,29 +243,55 @@ def index(
     return manifest
 
 
+CONTENT_TAG = "index_sha256"  # on a NAME-retriever version: the content hash of the index directory it holds
+
+
+def registered_copy(
+    client: mlflow.MlflowClient, retriever_name: str, model_label: str, content: str
+) -> ModelVersion | None:
+    """The NAME-retriever version that already holds this very index (same model version, same
+    files: the content hash of a rebuild after --force or a lost directory), or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name='{retriever_name}'")
+    except MlflowException:  # no such registered model yet
+        return None
+    same = [v for v in versions if v.tags.get("model_version") == model_label and v.tags.get(CONTENT_TAG) == content]
+    return max(same, key=lambda v: int(v.version), default=None)
+
+
 def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict[str, Any]) -> dict[str, str]:
     """Log the index as the pyfunc `retriever` in the model version's run, register it as
-    NAME-retriever with the version's aliases, and tag the version with where it went."""
+    NAME-retriever with the version's aliases, and tag the version with where it went. An index
+    byte-identical to one already registered for this model version reuses that version."""
     import mlflow
 
     from core.tracking import log_datasets
 
     client = mlflow.MlflowClient(tracking_uri)
     retriever_name = f"{model.name}-retriever"
-    counts, titles = manifest["counts"], manifest["inputs"]["titles"]
-    with mlflow.start_run(run_id=model.run_id):
-        uri, version = log_retriever(out, retriever_name)
-        numbers = {k: v for k, v in counts.items() if isinstance(v, int | float)}
-        mlflow.log_metrics({k if k.startswith("index_") else f"index_{k}": v for k, v in numbers.items()})
-    log_datasets(tracking_uri, model.run_id, [("catalogue", titles["path"], titles["sha256"], "catalogue")])
+    counts, titles, content = manifest["counts"], manifest["inputs"]["titles"], manifest["content_sha256"]
+    existing = registered_copy(client, retriever_name, model.label, content)
+    if existing is not None:
+        uri, version = existing.source, str(existing.version)
+        log.info("index: %s v%s already holds this index; not registered again", retriever_name, version)
+    else:
+        with mlflow.start_run(run_id=model.run_id):
+            uri, version = log_retriever(out, retriever_name)
+            numbers = {k: v for k, v in counts.items() if isinstance(v, int | float)}
+            mlflow.log_metrics({k if k.startswith("index_") else f"index_{k}": v for k, v in numbers.items()})
+        log_datasets(tracking_uri, model.run_id, [("catalogue", titles["path"], titles["sha256"], "catalogue")])
+        client.set_model_version_tag(retriever_name, version, "model_version", model.label)
+        # last: a registration cut short before this line is never taken for a complete one
+        client.set_model_version_tag(retriever_name, version, CONTENT_TAG, content)
+        log.info("index: logged as %s, registered %s v%s", uri, retriever_name, version)
     for alias in client.get_model_version(model.name, model.version).aliases:
         client.set_registered_model_alias(retriever_name, alias, version)
     tags = {"retriever_uri": uri, "retriever_version": f"{retriever_name}/{version}"}
     tags |= {f"index.{k}": str(v) for k, v in counts.items()}
     for key, value in tags.items():
         client.set_model_version_tag(model.name, model.version, key, value)
-    client.set_model_version_tag(retriever_name, version, "model_version", model.label)
-    log.info("index: logged as %s, registered %s v%s", uri, retriever_name, version)
     return {"uri": uri, "name": retriever_name, "version": version}
 
 

@@ -101,6 +101,13 @@ def test_index_embeds_with_spark_udf_searches_exactly_and_logs_a_retriever(spark
     served = set(manifest["file_sha256"])
     assert {"titles.faiss", "model/model.pt", "model.json"} <= served
     assert any(f.startswith("embeddings/part-") for f in served) and manifest["model"]["version"] == "1"
+    # a rebuild for the same model version over the same titles (--force, or a lost directory) writes
+    # the same files: it reuses the registered retriever version rather than registering a copy
+    champion = "models:/dssm-tiny@champion"
+    rebuilt = index(spark, champion, tmp_path / "titles.parquet", out, registered["uri"], force=True)
+    assert not rebuilt["skipped"] and rebuilt["content_sha256"] == manifest["content_sha256"]
+    assert rebuilt["retriever"] == manifest["retriever"]
+    assert [str(v.version) for v in client.search_model_versions("name='dssm-tiny-retriever'")] == ["1"]
     train_run = client_for(registered).get_run(read_checkpoint(registered["checkpoint"])["mlflow_run_id"])
     contexts = {t.value for i in train_run.inputs.dataset_inputs for t in i.tags if t.key == "mlflow.data.context"}
     assert contexts == {"training", "validation", "vocabulary"}
