@@ -7,6 +7,10 @@ mirror them with column expressions that tests check against them.
 from __future__ import annotations
 
 import hashlib
+import math
+from collections.abc import Iterable
+
+from core.errors import DssmError
 
 WORD_BOUNDARY = "#"
 
@@ -19,6 +23,25 @@ def norm(text: str) -> str:
 def words(text: str) -> list[str]:
     """Whitespace tokens of the normalised text."""
     return norm(text).split()
+
+
+def checked_texts(values: Iterable[object], what: str) -> list[str]:
+    """`values` when each is text with a word; otherwise a DssmError naming the first that is null,
+    not text, or empty (or whitespace only). Such a value used to be scored as the empty text: two
+    nulls scored 1.0 and an empty search returned titles, answers that say nothing about the input."""
+    values = list(values)
+    for i, value in enumerate(values):
+        if isinstance(value, str):
+            if value.split():
+                continue
+            problem = "empty" if not value else "whitespace only"
+        elif value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and math.isnan(value)):
+            problem = "null"
+        else:
+            kind = "number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+            problem = f"a {kind} ({str(value)[:40]}), not text"
+        raise DssmError(f"{what} {i + 1} of {len(values)} is {problem}: give text with at least one word")
+    return values
 
 
 def word_trigrams(word: str) -> list[str]:

@@ -57,6 +57,14 @@ class TwoTowerEmbedder:
     def score(self, queries: list[str], titles: list[str]) -> np.ndarray:
         return cosine_scores(queries, titles, lambda t: self.embed(t, "query"), lambda t: self.embed(t, "doc"))
 
+    def knows(self, text: str) -> bool:
+        """Whether the words the model reads of `text` have a token in its vocabulary; a text without
+        one is embedded as the unknown token's vector, the same for every such text."""
+        from modeling.hashing import UNKNOWN_ID
+
+        vocab = self.tokenizer.vocab
+        return any((vocab.word_tokens(w) != UNKNOWN_ID).any() for w in words(text)[: self.tokenizer.max_words])
+
 
 class Doc2VecEmbedder:
     """gensim PV-DM with the paper's settings (PROTOCOL.md §7), trained on every query and title text."""

@@ -4,6 +4,9 @@ The pyfunc takes a DataFrame with `query` and `title` text columns and returns a
 (cosine of the two towers; for a hybrid, that cosine plus w·BM25 with the BM25 statistics and w
 saved beside the checkpoint, evaluation/hybrid.py); with params {"output": "query_embedding"} or {"output":
 "title_embedding"} it returns an `embedding` column from the query or title tower instead.
+A null, non-text, empty or whitespace-only query or title is refused (`mlflow models serve`: a
+400 naming the row). A text none of whose letter trigrams the model knows is still scored (as the
+unknown token); `dssm search` warns about such queries.
 The gate moves the `champion` alias to a new version only when it beats the current champion's
 NDCG@10 on the same evaluation set (same judged file, same split); `dssm evaluate --gate-metric
 retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8).
@@ -27,6 +30,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
+from core.errors import DssmError
+from core.text import checked_texts
 from modeling.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -58,7 +63,10 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
         missing = [c for c in needed if c not in model_input.columns]
         if missing:
             raise MlflowException.invalid_parameter_value(f"output={output} needs column(s) {', '.join(missing)}")
-        texts = {c: model_input[c].fillna("").astype(str).tolist() for c in needed}
+        try:  # a DssmError would be a 500 from `mlflow models serve`; this is the caller's input: a 400
+            texts = {c: checked_texts(model_input[c].tolist(), c) for c in needed}
+        except DssmError as e:
+            raise MlflowException.invalid_parameter_value(str(e)) from None
         if output == "score":
             return pd.DataFrame({"score": self.scorer.score(texts["query"], texts["title"])})
         tower = "query" if output == "query_embedding" else "doc"

@@ -28,6 +28,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.artifacts import require_manifest
 from core.errors import DssmError
+from core.text import checked_texts
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 
 INDEX_FILE = "titles.faiss"
@@ -110,14 +111,16 @@ class Retriever:
 
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top k titles per query, best first. A hybrid fuses its candidates (the index's top
-        `depth`, and BM25's top `depth` when it has `lexical`) as retrieval/fusion.py says."""
+        `depth`, and BM25's top `depth` when it has `lexical`) as retrieval/fusion.py says. A null or
+        empty query is refused."""
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
+        read = checked_texts(queries, "query")
         depth = min(max(k, self.fusion.depth if self.fusion else k), self.index.ntotal)
-        vectors = unit_rows(self.embedder.embed(queries, "query"))
+        vectors = unit_rows(self.embedder.embed(read, "query"))
         scores, ids = self.index.search(vectors, depth)
         out = []
-        for query, vector, row_scores, row_ids in zip(queries, vectors, scores, ids, strict=True):
+        for query, vector, row_scores, row_ids in zip(read, vectors, scores, ids, strict=True):
             keep = row_ids >= 0
             row_ids, found = row_ids[keep].astype(np.int64), row_scores[keep].astype(np.float64)
             if self.fusion is not None:
@@ -158,7 +161,10 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         k = int((params or {}).get("k", 10))
         if k < 1:
             raise MlflowException.invalid_parameter_value(f"k must be at least 1, got {k}")
-        queries = model_input["query"].fillna("").astype(str).tolist()
+        try:  # a DssmError would be a 500 from `mlflow models serve`; this is the caller's input: a 400
+            queries = checked_texts(model_input["query"].tolist(), "query")
+        except DssmError as e:
+            raise MlflowException.invalid_parameter_value(str(e)) from None
         rows = [
             (q, hit.rank, hit.title, hit.score)
             for q, hits in zip(queries, self.retriever.search(queries, k), strict=True)

@@ -3,11 +3,15 @@
 From an index directory (default: the work dir's, which `dssm run` keeps for the champion), or from
 MLflow with --model: a retriever URI (models:/NAME-retriever@champion, runs:/ID/retriever) or a
 registered two-tower model whose version was indexed (models:/NAME@champion).
+
+An empty or whitespace-only query is refused; a query of which the model knows no letter trigram
+(every token <unk>) is answered with a warning on stderr: the model sees it as an unknown text.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """`dssm search`."""
+    from core.text import checked_texts
+
+    checked_texts(args.query, "query")  # before the index loads: an empty query is refused at once
     started = time.perf_counter()
     retriever = load(args)
     loaded = time.perf_counter() - started
@@ -69,7 +76,14 @@ def command(args: argparse.Namespace) -> None:
     results = retriever.search(args.query, args.k)
     took = time.perf_counter() - started
     model = retriever.model.get("name") and f"{retriever.model['name']} v{retriever.model['version']}"
+    unit = "word" if retriever.embedder.tokenizer.vocab.kind == "words" else "letter trigram"
     for query, hits in zip(args.query, results, strict=True):
+        if not retriever.embedder.knows(query):
+            print(
+                f"dssm search: warning: no {unit} of {query!r} is in the model's vocabulary; "
+                "the model ranks it as an unknown text",
+                file=sys.stderr,
+            )
         print(f"{query!r}: top {len(hits)} of {len(retriever.titles):,} titles ({model or retriever.model['uri']})")
         for hit in hits:
             print(f"  {hit.rank:>3}  {hit.score:7.4f}  {hit.title}")

@@ -180,6 +180,9 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
         assert status == 400 and "output must be one of" in body["message"]
         status, body = post(f"{base}/invocations", b"not json")
         assert status == 400 and "valid JSON" in body["message"]
+        nulls = {"dataframe_split": {"columns": ["query", "title"], "data": [[None, None]]}}  # scored 1.0 before
+        status, body = post(f"{base}/invocations", json.dumps(nulls).encode())
+        assert status == 400 and "query 1 of 1 is null" in body["message"]
 
 
 def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(registered):
@@ -333,6 +336,53 @@ def pd_frame(queries: list, titles: list | None = None):
     import pandas as pd
 
     return pd.DataFrame({"query": queries} | ({"title": titles} if titles is not None else {}))
+
+
+def test_null_empty_and_non_text_inputs_are_refused_and_unknown_queries_are_flagged(registered, tmp_path, capsys):
+    """They used to be scored: two nulls as 1.0, an empty search returned titles, numbers and lists
+    were turned into strings."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, ErrorCode
+
+    from core.tracking import experiment_id
+    from retrieval.retriever import log_retriever
+
+    mlflow.set_tracking_uri(registered["uri"])
+    scorer = mlflow.pyfunc.load_model("models:/dssm-tiny@champion")  # the served two-tower model, in process
+    titles = catalogue(tmp_path / "titles.parquet")
+    index = hand_built_index(tmp_path / "index", registered["checkpoint"], titles)
+    with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "retriever")):
+        uri, _ = log_retriever(index, None)
+    retriever = mlflow.pyfunc.load_model(uri)
+
+    def refused(model, frame, reason: str, **params) -> None:
+        with pytest.raises(MlflowException, match=reason) as e:
+            model.predict(frame, params=params or None)
+        assert e.value.error_code == ErrorCode.Name(INVALID_PARAMETER_VALUE)  # a 400 from `mlflow models serve`
+
+    refused(scorer, pd_frame([None], [None]), "query 1 of 1 is null")
+    refused(scorer, pd_frame(["cordless drill", "lamp"], ["drill kit", None]), "title 2 of 2 is null")
+    refused(scorer, pd_frame([""], ["drill kit"]), "query 1 of 1 is empty")
+    refused(scorer, pd_frame(["drill"], [" \t "]), "title 1 of 1 is whitespace only")
+    # (a column of numbers only MLflow's schema check refuses itself; a JSON request mixes them with text)
+    refused(scorer, pd_frame(["drill", 3], ["drill kit"] * 2), r"query 2 of 2 is a number \(3\), not text")
+    refused(scorer, pd_frame(["drill"], [["drill", "kit"]]), "title 1 of 1 is a list")
+    refused(scorer, pd_frame([None]), "query 1 of 1 is null", output="query_embedding")
+    refused(retriever, pd_frame(["cordless drill", None]), "query 2 of 2 is null")
+    refused(retriever, pd_frame(["  "]), "query 1 of 1 is whitespace only")
+    assert len(scorer.predict(pd_frame(["cordless drill"], ["drill kit"]))) == 1
+
+    # the CLI: an empty query is refused before the index loads; an unknown one is answered with a warning
+    assert dssm_main(["search", "cordless drill", "", "--index", str(tmp_path / "absent")]) == 2
+    assert "dssm search: error: query 2 of 2 is empty" in capsys.readouterr().err
+    embedder = TwoTowerEmbedder(registered["checkpoint"])
+    assert embedder.knows("cordless drill") and not embedder.knows("zzqx qqj")
+    assert dssm_main(["search", "cordless drill", "zzqx qqj", "-k", "2", "--index", str(index)]) == 0
+    shown = capsys.readouterr()
+    warned = [line for line in shown.err.splitlines() if line.startswith("dssm search: warning:")]
+    assert warned == ["dssm search: warning: no letter trigram of 'zzqx qqj' is in the model's vocabulary; "
+                      "the model ranks it as an unknown text"]  # fmt: skip
+    assert "'zzqx qqj': top 2 of 160 titles" in shown.out
 
 
 def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
