@@ -13,6 +13,11 @@ from collections.abc import Iterable
 from core.errors import DssmError
 
 WORD_BOUNDARY = "#"
+# The words of a query that search, the retriever and the served models read. BM25 adds a term's
+# weight once per repeat in the query, so without a cap a hybrid's score grows with the query's
+# length (16,667 copies of one word scored 5407.9); 64 is well past any real query and past the
+# 40 words a model reads by default (model.max_words).
+MAX_QUERY_WORDS = 64
 
 
 def norm(text: str) -> str:
@@ -23,6 +28,11 @@ def norm(text: str) -> str:
 def words(text: str) -> list[str]:
     """Whitespace tokens of the normalised text."""
     return norm(text).split()
+
+
+def capped_query(query: str) -> str:
+    """The query's first MAX_QUERY_WORDS words, normalised: what BM25 and the model read of it."""
+    return " ".join(words(query)[:MAX_QUERY_WORDS])
 
 
 def checked_texts(values: Iterable[object], what: str) -> list[str]:

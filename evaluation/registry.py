@@ -5,8 +5,9 @@ The pyfunc takes a DataFrame with `query` and `title` text columns and returns a
 saved beside the checkpoint, evaluation/hybrid.py); with params {"output": "query_embedding"} or {"output":
 "title_embedding"} it returns an `embedding` column from the query or title tower instead.
 A null, non-text, empty or whitespace-only query or title is refused (`mlflow models serve`: a
-400 naming the row). A text none of whose letter trigrams the model knows is still scored (as the
-unknown token); `dssm search` warns about such queries.
+400 naming the row); a query is read to its first MAX_QUERY_WORDS words (core/text.py), so a
+hybrid's BM25 term cannot grow with repeats. A text none of whose letter trigrams the model knows
+is still scored (as the unknown token); `dssm search` warns about such queries.
 The gate moves the `champion` alias to a new version only when it beats the current champion's
 NDCG@10 on the same evaluation set (same judged file, same split); `dssm evaluate --gate-metric
 retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8).
@@ -31,7 +32,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.errors import DssmError
-from core.text import checked_texts
+from core.text import capped_query, checked_texts
 from modeling.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
             texts = {c: checked_texts(model_input[c].tolist(), c) for c in needed}
         except DssmError as e:
             raise MlflowException.invalid_parameter_value(str(e)) from None
+        if "query" in texts:
+            texts["query"] = [capped_query(q) for q in texts["query"]]
         if output == "score":
             return pd.DataFrame({"score": self.scorer.score(texts["query"], texts["title"])})
         tower = "query" if output == "query_embedding" else "doc"

@@ -28,7 +28,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.artifacts import require_manifest
 from core.errors import DssmError
-from core.text import checked_texts
+from core.text import capped_query, checked_texts
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 
 INDEX_FILE = "titles.faiss"
@@ -111,11 +111,11 @@ class Retriever:
 
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top k titles per query, best first. A hybrid fuses its candidates (the index's top
-        `depth`, and BM25's top `depth` when it has `lexical`) as retrieval/fusion.py says. A null or
-        empty query is refused."""
+        `depth`, and BM25's top `depth` when it has `lexical`) as retrieval/fusion.py says. A query
+        is read to its first MAX_QUERY_WORDS words (core/text.py); a null or empty one is refused."""
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
-        read = checked_texts(queries, "query")
+        read = [capped_query(q) for q in checked_texts(queries, "query")]
         depth = min(max(k, self.fusion.depth if self.fusion else k), self.index.ntotal)
         vectors = unit_rows(self.embedder.embed(read, "query"))
         scores, ids = self.index.search(vectors, depth)

@@ -385,6 +385,39 @@ def test_null_empty_and_non_text_inputs_are_refused_and_unknown_queries_are_flag
     assert "'zzqx qqj': top 2 of 160 titles" in shown.out
 
 
+def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded(registered, tmp_path):
+    """16,667 copies of one word scored 5407.9: BM25 adds a term's weight once per repeat in the query."""
+    from core.text import MAX_QUERY_WORDS
+    from core.tracking import experiment_id
+    from evaluation.hybrid import HybridScorer
+    from evaluation.lexical import BM25
+    from evaluation.registry import log_model
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import Retriever
+
+    titles = catalogue(tmp_path / "titles.parquet")
+    fusion = tiny_fusion(titles)
+    long, capped = " ".join(["drill"] * 10_000), " ".join(["drill"] * MAX_QUERY_WORDS)
+    bm25 = BM25.from_dict(fusion["bm25"])
+    bound = 1 + fusion["weight"] * MAX_QUERY_WORDS * max(bm25.idf.values()) * (bm25.k1 + 1)
+
+    # the served hybrid (evaluation/registry.py's HybridModel), in process
+    with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "hybrid")):
+        uri, _ = log_model(registered["checkpoint"], None, {k: fusion[k] for k in ("bm25", "weight")})
+    served = mlflow.pyfunc.load_model(uri).predict(pd_frame([long, capped], ["steel drill kit"] * 2))["score"]
+    assert served[0] == pytest.approx(served[1]) and 1 < served[0] <= bound
+    embedder = TwoTowerEmbedder(registered["checkpoint"])
+    uncapped = HybridScorer(embedder, bm25, fusion["weight"]).score([long], ["steel drill kit"])[0]
+    assert uncapped > 100 * served[0]  # what the served hybrid answered before the cap
+
+    # the retriever (`dssm search`, the pyfunc retriever), with the re-ranking fusion that adds w·BM25
+    index, _ = build_faiss(embedder.embed(titles, "doc"), IndexConfig(kind="flat"))
+    rescoring = Retriever(index, titles, embedder, {k: fusion[k] for k in ("bm25", "weight")})
+    hits = rescoring.search([long, capped], 5)
+    assert [(h.title, h.score) for h in hits[0]] == [(h.title, h.score) for h in hits[1]]
+    assert 1 < hits[0][0].score <= bound
+
+
 def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
     from core.judgments import JudgedPair
     from evaluation.protocol import build_eval_set
