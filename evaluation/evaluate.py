@@ -70,7 +70,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
         baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
         systems = [*baselines, *trained]
-        catalogue = Catalogue.of_judged(pairs) if cfg.retrieval or cfg.gate_metric != "ndcg@10" else None
+        # A hybrid's retrieval fusion is fit whenever there is a hybrid: `dssm search` serves it.
+        measure = cfg.retrieval or cfg.gate_metric != "ndcg@10"
+        catalogue = Catalogue.of_judged(pairs) if measure or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
             systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev, catalogue, threshold)
         queries, titles = eval_set.pairs()
@@ -82,7 +84,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if catalogue else None
+        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if measure else None
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
