@@ -1,9 +1,11 @@
 """Checkpoints are read as tensors and plain data only: a planted `.pt` whose pickle would run code is
-refused, by name, at every way a checkpoint comes in (issue 41, item 1)."""
+refused, by name, at every way a checkpoint comes in (issue 41, item 1), and a champion that is no
+readable checkpoint sends the nightly warm start to a model from scratch (item 7)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_index, write_judged
+from conftest import tiny_model, write_index, write_judged
 
 from core.errors import DssmError
 from modeling.checkpoint import read_checkpoint
@@ -127,3 +129,70 @@ def test_a_file_that_is_not_a_dssm_checkpoint_is_named(tmp_path, content, proble
         DssmError, match=rf"{re.escape(str(tmp_path / 'model.pt'))}: not a dssm checkpoint \({problem}\)"
     ):
         read_checkpoint(tmp_path / "model.pt")
+
+
+def register_champion(uri: str, name: str, source: Path) -> str:
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    if not client.search_registered_models(f"name = '{name}'"):
+        client.create_registered_model(name)
+    version = client.create_model_version(name, str(source)).version
+    client.set_registered_model_alias(name, "champion", version)
+    return version
+
+
+def test_a_champion_that_is_no_readable_checkpoint_means_training_from_scratch(tmp_path, caplog):
+    """The issue's night: a champion whose model.pt is `torch.save(5)` stopped every windowed run
+    with "TypeError: 'int' object is not subscriptable"; a planted pickle ran its code."""
+    from core.layout import Layout
+    from flows.warm_start import warm_start_source
+    from modeling.config import load_config
+
+    uri, name = f"sqlite:///{tmp_path}/mlflow.db", "dssm-tiny"
+    layout = Layout(tmp_path / "work")
+    layout.warm_start.mkdir(parents=True)  # as the night before left it
+    cfg = load_config(None, ["model.ncell=8"])
+    marker = tmp_path / "marker"
+    (tmp_path / "int").mkdir()
+    torch.save(5, tmp_path / "int" / "model.pt")
+    planted(tmp_path / "evil" / "model.pt", marker)
+    (tmp_path / "empty").mkdir()
+    caplog.set_level(logging.WARNING)
+    for night, (source, problem) in enumerate(
+        [
+            ("int", r"not a dssm checkpoint \(it holds a int, not a dict\)"),
+            ("evil", r"refused to load \(it refers to (builtins\.)?exec"),
+            ("empty", "no model.pt among its artifacts"),
+        ]
+    ):
+        version = register_champion(uri, name, tmp_path / source)
+        init_from, why = warm_start_source(layout, uri, name, cfg, f"negatives-{night}", 0.5)
+        assert init_from is None
+        assert why.startswith(f"champion v{version} of {name} is not a readable dssm checkpoint: ")
+        assert re.search(problem, why), why
+        warning = caplog.records[-1]
+        assert warning.levelno == logging.WARNING and f"champion v{version}" in warning.getMessage()
+        assert "training from scratch" in warning.getMessage()
+        # pinned for the night: a rerun starts the same way without reading the champion again
+        assert warm_start_source(layout, uri, name, cfg, f"negatives-{night}", 0.5) == (None, why)
+    assert not marker.exists()
+
+
+def test_the_first_windowed_night_warm_starts_from_a_champion_already_there(tiny_data, tmp_path):
+    """A store whose champion came from a run without a window: the first windowed night has no
+    warm-start directory yet, and starts from that champion."""
+    from core.layout import Layout
+    from flows.warm_start import warm_start_source
+    from modeling.config import load_config
+
+    model = tiny_model(tiny_data, tmp_path / "model")
+    (tmp_path / "registered").mkdir()
+    os.link(model / "last.pt", tmp_path / "registered" / "model.pt")
+    uri, name = f"sqlite:///{tmp_path}/mlflow.db", "dssm-tiny"
+    version = register_champion(uri, name, tmp_path / "registered")
+    layout = Layout(tmp_path / "work")
+    cfg = load_config(None, ["model.ncell=8", f"data.vocab={tiny_data / 'vocab'}"])
+    init_from, why = warm_start_source(layout, uri, name, cfg, "negatives", 0.5)
+    assert init_from == str(layout.warm_start / f"v{version}" / "model.pt") and Path(init_from).is_file()
+    assert why == f"champion v{version} (vocabulary overlap 100%)"
