@@ -8,6 +8,7 @@ word's trigram embeddings (`W·l(t)`), so no dense 30k-wide hashed vector ever e
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,8 @@ class Tokenizer:
     The caches hold at most `cache_size` words and `cache_size` texts: a served model sees any
     number of distinct queries. Word ids index one shared table, so when the words outgrow the bound
     both caches are emptied together, at the end of the call that filled them (a call's ids stay
-    valid until it returns)."""
+    valid until it returns). `mlflow models serve` calls predict from several threads at once: one
+    call at a time numbers words and empties the caches."""
 
     def __init__(self, vocab: Vocab, max_words: int, cache_size: int = 100_000):
         self.vocab = vocab
@@ -98,6 +100,7 @@ class Tokenizer:
         self._word_ids: dict[str, int] = {}
         self._trigrams: list[np.ndarray] = []  # per word id
         self._texts: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def __reduce__(self):  # to a worker process: the vocabulary and settings, not the caches
         return Tokenizer, (self.vocab, self.max_words, self.cache_size)
@@ -136,8 +139,9 @@ class Tokenizer:
 
     def trigrams(self, text: str) -> list[np.ndarray]:
         """The trigram ids of each word of the text."""
-        out = [self._trigrams[w] for w in self._text(text)]
-        self._trim()
+        with self._lock:
+            out = [self._trigrams[w] for w in self._text(text)]
+            self._trim()
         return out
 
     def batch(
@@ -149,16 +153,17 @@ class Tokenizer:
     ) -> TextBatch:
         """Tokenise `texts`; with `rng`, drop words and shuffle the word order of the texts flagged in
         `scrambled` (Wieting & Gimpel 2017's regularisers; the caller flags whole pairs)."""
-        parts = [self._text(t) for t in texts]
-        if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
-            flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
-            parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
-        distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
-        bags = [self._trigrams[w] for w in distinct]
+        with self._lock:
+            parts = [self._text(t) for t in texts]
+            if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
+                flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
+                parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
+            distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
+            bags = [self._trigrams[w] for w in distinct]
+            self._trim()
         sizes = np.fromiter((len(b) for b in bags), np.int64, len(bags))
         offsets = np.zeros(len(bags), np.int64)
         np.cumsum(sizes[:-1], out=offsets[1:])
-        self._trim()
         return TextBatch(
             ids=torch.from_numpy(np.concatenate(bags)),
             offsets=torch.from_numpy(offsets),

@@ -107,6 +107,30 @@ def test_the_tokenizer_caches_stay_bounded_under_10000_distinct_long_words(token
     assert short == [t.tolist() for t in tokenizer.trigrams("cordless drill")] and bounded._word_ids
 
 
+def decoded(batch) -> list[list[list[int]]]:
+    """Per text, per word, the trigram ids a TextBatch holds."""
+    ends = [*batch.offsets.tolist()[1:], len(batch.ids)]
+    bags = [batch.ids[a:b].tolist() for a, b in zip(batch.offsets.tolist(), ends, strict=True)]
+    words = iter(batch.words.tolist())
+    return [[bags[next(words)] for _ in range(n)] for n in batch.lengths.tolist()]
+
+
+def test_threads_tokenising_at_once_get_their_own_words_while_the_caches_empty(tokenizer):
+    """`mlflow models serve` runs predict in a thread pool: one thread emptying the caches must not
+    renumber the words of another's batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = Tokenizer(tokenizer.vocab, max_words=40, cache_size=50)
+    requests = [[" ".join(random_words(3, 6, seed=100 * r + i)) for i in range(20)] for r in range(200)]
+
+    def tokenise(texts: list[str]) -> bool:
+        expected = [[tokenizer.vocab.word_tokens(w).tolist() for w in t.split()] for t in texts]
+        return decoded(shared.batch(texts)) == expected
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(tokenise, requests))
+
+
 def test_a_query_is_read_to_max_words_words_within_max_text_chars(tokenizer):
     from core.text import MAX_TEXT_CHARS
     from modeling.hashing import MAX_WORD_TRIGRAMS
