@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 
 WORD_BOUNDARY = "#"
+# A trained model reads no further into a text than this (modeling/hashing.py: also at most
+# `model.max_words` words): a served query of any length costs no more than this one.
+MAX_TEXT_CHARS = 8192
 
 
 def norm(text: str) -> str:
