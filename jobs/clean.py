@@ -298,7 +298,7 @@ def clean(
             },
         }
 
-    with cluster_errors():
+    with cluster_errors(out):
         params = {k: v for k, v in asdict(cfg).items() if k != "catalogue"}  # its hash is an input
         return publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force or remote)
 

@@ -228,7 +228,7 @@ def index(
             fields["retriever"] = register_index(tmp, model, tracking_uri, counts, inputs["titles"])
         return fields
 
-    with cluster_errors():
+    with cluster_errors(out):
         return publish(
             out, "index", code_fingerprint(__name__), inputs, asdict(cfg) | {"register": register}, build, force
         )
