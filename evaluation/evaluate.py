@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
 from core.text import is_test_query
-from core.tracking import default_tracking_uri, experiment_id, log_datasets
+from core.tracking import client as mlflow_client
+from core.tracking import default_tracking_uri, experiment_id, log_datasets, use_store
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -217,9 +218,7 @@ def _start_runs(
 ) -> dict[str, str]:
     """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
     set; for a hybrid also the dev queries its weight was fit on); returns run ids by system."""
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = experiment_id(uri, experiment)
     ids = {}
     for system, result in zip(systems, results, strict=True):
@@ -254,8 +253,8 @@ def _finish_runs(
 
     from evaluation.registry import champion_gate, log_model, plot_gate_history, registered_name
 
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(uri)
+    use_store(uri)
+    client = mlflow_client(uri)
     report = json.loads((out / "report.json").read_text())
     gates = []
     for system in systems:
@@ -297,9 +296,7 @@ def _finish_runs(
 
 
 def _fail_runs(uri: str, run_ids: dict[str, str]) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     for run_id in run_ids.values():
         if client.get_run(run_id).info.status == "RUNNING":
             client.set_terminated(run_id, "FAILED")

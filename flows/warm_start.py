@@ -29,9 +29,9 @@ def warm_start_source(
     of the same night trains with the same start, and is skipped."""
     import json
 
-    import mlflow
     from mlflow.exceptions import MlflowException
 
+    from core.tracking import client as mlflow_client
     from evaluation.registry import CHAMPION
     from modeling.hashing import Vocab
 
@@ -41,7 +41,7 @@ def warm_start_source(
     pinned = decisions.get(key)
     if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
         return pinned["init_from"], pinned["why"]  # else its checkpoint was deleted: decide again
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:

@@ -61,13 +61,15 @@ class ModelRef:
 
 def resolve_model(uri: str, tracking_uri: str) -> ModelRef:
     """models:/NAME@ALIAS or models:/NAME/VERSION as the version it names now; runs:/ URIs as they are."""
-    import mlflow
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri)
+    from core.tracking import client as mlflow_client
+    from core.tracking import use_store
+
+    use_store(tracking_uri)
     if not uri.startswith("models:/"):
         return ModelRef(uri, "", "", uri.split("/")[1] if uri.startswith("runs:/") else "")
-    client = mlflow.MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     rest = uri[len("models:/") :]
     try:
         if "@" in rest:
@@ -226,7 +228,7 @@ def index(
             fields["retriever"] = register_index(tmp, model, tracking_uri, counts, inputs["titles"])
         return fields
 
-    with cluster_errors():
+    with cluster_errors(out):
         return publish(
             out, "index", code_fingerprint(__name__), inputs, asdict(cfg) | {"register": register}, build, force
         )
@@ -239,9 +241,10 @@ def register_index(
     NAME-retriever with the version's aliases, and tag the version with where it went."""
     import mlflow
 
+    from core.tracking import client as mlflow_client
     from core.tracking import log_datasets
 
-    client = mlflow.MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     retriever_name = f"{model.name}-retriever"
     with mlflow.start_run(run_id=model.run_id):
         uri, version = log_retriever(out, retriever_name)
