@@ -37,9 +37,9 @@ def read_pair(embedder: TwoTowerEmbedder, query: str, title: str, rule: KeywordR
 
 def training_curve(tracking_uri: str, run_id: str, metric: str = "train_loss") -> list[tuple[int, float]]:
     """(step, value) of one metric of one MLflow run, by step."""
-    from mlflow import MlflowClient
+    from core.tracking import client
 
-    history = MlflowClient(tracking_uri).get_metric_history(run_id, metric)
+    history = client(tracking_uri).get_metric_history(run_id, metric)
     return sorted((m.step, m.value) for m in history)
 
 

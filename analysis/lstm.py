@@ -61,7 +61,7 @@ def trace_texts(model: TwoTower, tokenizer: Tokenizer, texts: list[str], tower: 
         with torch.no_grad():
             _, found = encoder(tokenizer.batch(normalised), internals=True)
         for row, (text, clean) in enumerate(zip(chunk, normalised, strict=True)):
-            words = clean.split()[: tokenizer.max_words] or [""]
+            words = tokenizer.words(clean)
             series = {name: value[row, : len(words)].float().numpy() for name, value in found.items()}
             traces.append(Trace(text, tower, words, series))
     return traces

@@ -59,9 +59,9 @@ def load(spec: str, mlflow_uri: str | None) -> Loaded:
     from modeling.checkpoint import read_checkpoint
 
     if mlflow_uri:
-        import mlflow
+        from core.tracking import use_store
 
-        mlflow.set_tracking_uri(mlflow_uri)  # where a models:/ URI is resolved
+        use_store(mlflow_uri)  # where a models:/ URI is resolved
     system = load_trained(spec)
     state = read_checkpoint(system.checkpoint)
     # The training run lives in the store the model was trained with; --mlflow-uri may only be the registry.
@@ -184,10 +184,10 @@ def _log_artifacts(main: Loaded, out: Path) -> dict[str, str] | None:
     if not (main.run_id and main.tracking_uri):
         log.warning("analyze: %s names no MLflow training run; the report is only in %s", main.spec, out)
         return None
-    from mlflow import MlflowClient
+    from core.tracking import client as mlflow_client
 
     try:
-        client = MlflowClient(main.tracking_uri)
+        client = mlflow_client(main.tracking_uri)
         client.log_artifacts(main.run_id, str(out), "analysis")
         client.set_tag(main.run_id, "analysis", f"analysis/{REPORT}")
     except Exception as e:  # the files on disk stand; say why MLflow has no copy

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from core.errors import DssmError
+from core.errors import DssmError, naming_full_disk
 
 MANIFEST = "manifest.json"
 # The packages whose source makes up the product; tests, docs, benchmarks, reproductions and studies are not.
@@ -267,6 +267,7 @@ def publish(
     upstream: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Up-to-date check -> temp dir -> `build(tmp)` -> manifest -> atomic rename; returns the manifest.
+    A full disk (ENOSPC, EDQUOT) while building fails with a DssmError naming `out`.
 
     code: `code_fingerprint` of the stage's module; inputs: name -> {"path", "sha256", ...} (the
     hashes enter the key); upstream: the manifests of the stage outputs read (their code is chained
@@ -281,7 +282,7 @@ def publish(
         if done is not None:
             log.info("%s: %s is up to date, nothing to do", stage, out)
             return done | {"skipped": True}
-    with atomic_dir(out) as tmp:
+    with naming_full_disk(out), atomic_dir(out) as tmp:
         fields = build(tmp)
         base = {"stage": stage, "input_key": key, "code_sha256": chained, "inputs": inputs, "params": params}
         manifest = write_manifest(tmp, {**base, **fields})

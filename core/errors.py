@@ -1,5 +1,14 @@
 """The exception types the CLI turns into a one-line error and a non-zero exit."""
 
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota on it
+
 
 class DssmError(Exception):
     """A problem the user can fix (bad path, bad columns, bad data): printed as one line."""
@@ -23,3 +32,22 @@ class StageFailed(DssmError):
     def transient(self) -> bool:
         """Worth a retry: not a problem with the data or the settings."""
         return isinstance(self.cause, TransientError) or not isinstance(self.cause, DssmError)
+
+
+def no_space(path: str | Path, detail: str = "", quota: bool = False) -> DssmError:
+    """The error for a write to `path` that found its file system full: the OS's own message names
+    no path, and a stage writes to several places (its output, a temp dir, Spark's scratch)."""
+    what = "disk quota exceeded" if quota else "no space left on device"
+    detail = f" ({detail})" if detail else ""
+    return DssmError(f"{what} writing {path}{detail}; free some space there or write elsewhere")
+
+
+@contextmanager
+def naming_full_disk(path: str | Path) -> Iterator[None]:
+    """An OSError ENOSPC or EDQUOT inside becomes `no_space(path, …)`; other errors pass."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        raise no_space(path, f"at {e.filename}" if e.filename else "", e.errno == errno.EDQUOT) from None

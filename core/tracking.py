@@ -2,25 +2,108 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.layout import Layout
+
+if TYPE_CHECKING:
+    import mlflow
+
+SQLITE = "sqlite:///"
+_ready: set[str] = set()  # the sqlite stores this process has opened (their schema exists)
+_ready_guard = threading.Lock()
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a local sqlite tracking URI, else None."""
+    if not tracking_uri.startswith(SQLITE) or tracking_uri == SQLITE + ":memory:":
+        return None
+    return Path(tracking_uri[len(SQLITE) :])
+
+
+@contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """An exclusive lock on `S.db.lock` beside a sqlite store (nothing for other stores).
+
+    MLflow creates a sqlite store's schema on first use by running its migrations; two processes
+    that open a new store at once both see no tables, both migrate, and the second fails (alembic
+    "Online migration expected to match one row"). A lock file beside the database serialises the
+    first opening across processes (flock: released by the kernel when a holder dies)."""
+    path = sqlite_path(tracking_uri)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_store(tracking_uri: str) -> None:
+    """Make sure a sqlite store's schema (tracking and model registry tables, the default
+    experiment) exists, creating it under `store_lock`; once per store and process."""
+    if sqlite_path(tracking_uri) is None or tracking_uri in _ready:
+        return
+    import mlflow
+
+    with _ready_guard, store_lock(tracking_uri):
+        if tracking_uri in _ready:
+            return
+        client = mlflow.MlflowClient(tracking_uri)
+        client.search_experiments(max_results=1)  # the tracking store: its migrations, experiment 0
+        client.search_registered_models(max_results=1)  # the registry store checks the same schema
+        _ready.add(tracking_uri)
+
+
+def client(tracking_uri: str) -> mlflow.MlflowClient:
+    """An MlflowClient whose store is ready for use by concurrent processes (`open_store`)."""
+    import mlflow
+
+    open_store(tracking_uri)
+    return mlflow.MlflowClient(tracking_uri)
+
+
+def use_store(tracking_uri: str) -> None:
+    """`mlflow.set_tracking_uri` for the fluent API, with the store opened first (`open_store`)."""
+    import mlflow
+
+    open_store(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)
 
 
 def experiment_id(tracking_uri: str, name: str) -> str:
     """The id of experiment `name`, created if missing. With a local sqlite store, artifacts go
     beside the database (`mlartifacts/`), not into whatever directory the command ran from."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri)
+    use_store(tracking_uri)
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    artifacts = None
-    if tracking_uri.startswith("sqlite:///"):
-        artifacts = Path(tracking_uri[len("sqlite:///") :]).parent.joinpath("mlartifacts").as_uri()
-    return mlflow.create_experiment(name, artifact_location=artifacts)
+    path = sqlite_path(tracking_uri)
+    artifacts = path.parent.joinpath("mlartifacts").as_uri() if path is not None else None
+    # A run of another process may create it between the look-up and here: the lock serialises
+    # that on a sqlite store; a server's store answers RESOURCE_ALREADY_EXISTS instead.
+    with store_lock(tracking_uri):
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return mlflow.create_experiment(name, artifact_location=artifacts)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return mlflow.get_experiment_by_name(name).experiment_id
 
 
 # Read once, at import: mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ, so
@@ -39,7 +122,6 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
 
     Each entry is (name, path, content sha256, context: training, validation, evaluation, catalogue).
     The digest is the hash's first 32 hex digits (MLflow stores at most 36); the full hash is a tag."""
-    import mlflow
     from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
@@ -50,4 +132,4 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
         dataset = MetaDataset(local(str(path)), name=name, digest=sha256[:32])._to_mlflow_entity()
         tags = [InputTag("mlflow.data.context", context), InputTag("sha256", sha256)]
         inputs.append(DatasetInput(dataset, tags))
-    mlflow.MlflowClient(tracking_uri).log_inputs(run_id, datasets=inputs)
+    client(tracking_uri).log_inputs(run_id, datasets=inputs)

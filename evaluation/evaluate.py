@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
 from core.text import is_test_query
-from core.tracking import default_tracking_uri, experiment_id, log_datasets
+from core.tracking import client as mlflow_client
+from core.tracking import default_tracking_uri, experiment_id, log_datasets, use_store
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -70,7 +71,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
         baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
         systems = [*baselines, *trained]
-        catalogue = Catalogue.of_judged(pairs) if cfg.retrieval or cfg.gate_metric != "ndcg@10" else None
+        # A hybrid's retrieval fusion is fit whenever there is a hybrid: `dssm search` serves it.
+        measure = cfg.retrieval or cfg.gate_metric != "ndcg@10"
+        catalogue = Catalogue.of_judged(pairs) if measure or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
             systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev, catalogue, threshold)
         queries, titles = eval_set.pairs()
@@ -82,7 +85,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if catalogue else None
+        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if measure else None
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
@@ -215,9 +218,7 @@ def _start_runs(
 ) -> dict[str, str]:
     """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
     set; for a hybrid also the dev queries its weight was fit on); returns run ids by system."""
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     exp = experiment_id(uri, experiment)
     ids = {}
     for system, result in zip(systems, results, strict=True):
@@ -252,8 +253,8 @@ def _finish_runs(
 
     from evaluation.registry import champion_gate, log_model, plot_gate_history, registered_name
 
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(uri)
+    use_store(uri)
+    client = mlflow_client(uri)
     report = json.loads((out / "report.json").read_text())
     gates = []
     for system in systems:
@@ -295,9 +296,7 @@ def _finish_runs(
 
 
 def _fail_runs(uri: str, run_ids: dict[str, str]) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     for run_id in run_ids.values():
         if client.get_run(run_id).info.status == "RUNNING":
             client.set_terminated(run_id, "FAILED")

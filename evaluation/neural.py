@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from core.errors import DssmError
-from core.text import norm, words
+from core.text import MAX_TEXT_CHARS, norm, words
 
 log = logging.getLogger(__name__)
 BATCH = 512
@@ -50,7 +50,8 @@ class TwoTowerEmbedder:
         encode = self.model.encode_queries if tower == "query" else self.model.encode_docs
         out = []
         for start in range(0, len(texts), BATCH):
-            chunk = [norm(t) for t in texts[start : start + BATCH]]
+            # the tokenizer reads no further than MAX_TEXT_CHARS, so norm need not either (a 100k-character query)
+            chunk = [norm(t[:MAX_TEXT_CHARS]) for t in texts[start : start + BATCH]]
             out.append(encode(self.tokenizer.batch(chunk)).float().numpy())
         return np.concatenate(out) if out else np.zeros((0, self.model.dim), np.float32)
 
@@ -63,7 +64,8 @@ class TwoTowerEmbedder:
         from modeling.hashing import UNKNOWN_ID
 
         vocab = self.tokenizer.vocab
-        return any((vocab.word_tokens(w) != UNKNOWN_ID).any() for w in words(text)[: self.tokenizer.max_words])
+        read = self.tokenizer.words(norm(text[:MAX_TEXT_CHARS]))  # as `embed` reads it
+        return any((vocab.word_tokens(w) != UNKNOWN_ID).any() for w in read)
 
 
 class Doc2VecEmbedder:

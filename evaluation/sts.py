@@ -20,6 +20,7 @@ from scipy import stats
 from core.artifacts import code_fingerprint, publish, sha256_file
 from core.errors import DssmError
 from core.sentence_pairs import read_pairs, sentence_norm
+from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from evaluation.neural import cosine_scores
 
@@ -146,9 +147,7 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
             r.system: {"suites": r.suites, "files": r.files, "mlflow_run_id": run_ids[r.system]} for r in results
         },
     }
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     try:
 
         def build(tmp: Path) -> dict[str, Any]:
@@ -195,9 +194,7 @@ def markdown(results: list[StsResult]) -> str:
 
 def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result: StsResult, data_sha: str) -> str:
     """One MLflow run per system, tagged like the retrieval runs, with its Pearson/Spearman metrics."""
-    import mlflow
-
-    client = mlflow.MlflowClient(uri)
+    client = mlflow_client(uri)
     run_tags = {
         "dataset": "sts",
         "dataset_sha256": data_sha,

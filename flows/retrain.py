@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 
 from core.judgments import resolve_judged_set
 from core.layout import Layout
+from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri
 from flows import stages
 from flows.config import RunConfig
@@ -98,9 +99,7 @@ def training_runs(done: list[dict]) -> list[str]:
 
 def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
     """The resolved run config as `run_config.json` of every MLflow training run this flow run made or reused."""
-    import mlflow
-
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     text = json.dumps(cfg.to_dict(), indent=2, default=str)
     for run_id in training_runs(done):
         client.log_text(run_id, text, "run_config.json")
@@ -109,11 +108,9 @@ def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
 def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
     """The position-bias curve the logs showed (examination per rank, relative to rank 1) as
     metrics `examination_rank_K` and the curve's JSON and plot, in every training run of this flow run."""
-    import mlflow
-
     from jobs.propensity import CURVE_FILE, PLOT_FILE, read_curve
 
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     curve = read_curve(Path(propensity_dir))
     for run_id in training_runs(done):
         for rank, value in zip(curve["ranks"], curve["examination"], strict=True):
@@ -127,12 +124,10 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
     (evaluation tags the versions it registers with the run date). Logged on every run, skipped
     training included: MLflow keeps one input per dataset digest, so a run killed before this point
     is completed by its rerun."""
-    import mlflow
-
     from core.tracking import log_datasets
     from jobs.window import window_inputs
 
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     days = window_inputs(Path(clean_dir))
     for run_id in training_runs(done):
         log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])

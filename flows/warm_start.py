@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from core.errors import DssmError
 from core.layout import Layout
 
 if TYPE_CHECKING:
     from modeling.config import TrainConfig
+    from modeling.hashing import Vocab
+
+log = logging.getLogger(__name__)
 
 
 def warm_start_source(
@@ -19,17 +24,16 @@ def warm_start_source(
 ) -> tuple[str | None, str]:
     """(checkpoint, why) a windowed run's model starts from: the champion of registered model `name`
     when it has this model's config and its vocabulary covers at least `min_overlap` of this run's
-    tokens, else (None, why not): from scratch. Decided once per training data version (the
-    negatives' hash), so a rerun of the same night trains with the same start, and is skipped."""
+    tokens, else (None, why not): from scratch, also when the champion is no readable dssm checkpoint
+    (logged as a warning). Decided once per training data version (the negatives' hash), so a rerun
+    of the same night trains with the same start, and is skipped."""
     import json
 
-    import mlflow
     from mlflow.exceptions import MlflowException
 
+    from core.tracking import client as mlflow_client
     from evaluation.registry import CHAMPION
-    from modeling.checkpoint import read_checkpoint
     from modeling.hashing import Vocab
-    from retrieval.index import copy_model_files, resolve_model
 
     decisions_path = layout.warm_start / "decisions.json"
     decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
@@ -37,28 +41,22 @@ def warm_start_source(
     pinned = decisions.get(key)
     if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
         return pinned["init_from"], pinned["why"]  # else its checkpoint was deleted: decide again
-    client = mlflow.MlflowClient(mlflow_uri)
+    client = mlflow_client(mlflow_uri)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         champion = None
     init_from, why = None, "no champion yet"
     if champion is not None:
-        dest = layout.warm_start / f"v{champion.version}"
-        checkpoint = dest / "model.pt"
-        if not checkpoint.is_file():
-            shutil.rmtree(dest, ignore_errors=True)  # a download cut short
-            copy_model_files(resolve_model(f"models:/{name}/{champion.version}", mlflow_uri), dest)
-        state = read_checkpoint(checkpoint)
-        theirs = state["config"]["model"]
-        ours = asdict(cfg.model)
-        changed = sorted(k for k in ours if theirs.get(k) != ours[k])
-        tokens = set(state["vocab"]["tokens"])
-        vocab = Vocab.load(cfg.data.vocab or layout.vocab, cfg.model.tokens)
-        overlap = sum(t in tokens for t in vocab.tokens) / max(vocab.size, 1)
-        if changed:
+        checkpoint = layout.warm_start / f"v{champion.version}" / "model.pt"
+        state, problem = _champion_state(name, champion.version, mlflow_uri, checkpoint)
+        theirs = state["config"]["model"] if state else {}
+        if state is None:
+            why = f"champion v{champion.version} of {name} is not a readable dssm checkpoint: {problem}"
+            log.warning("warm start: %s; training from scratch", why)
+        elif changed := sorted(k for k, v in asdict(cfg.model).items() if theirs.get(k) != v):
             why = f"champion v{champion.version} has another model config ({', '.join(f'model.{k}' for k in changed)})"
-        elif overlap < min_overlap:
+        elif (overlap := _overlap(state, Vocab.load(cfg.data.vocab or layout.vocab, cfg.model.tokens))) < min_overlap:
             why = f"champion v{champion.version}'s vocabulary covers {overlap:.0%} of this one's (< {min_overlap:.0%})"
         else:
             init_from, why = str(checkpoint), f"champion v{champion.version} (vocabulary overlap {overlap:.0%})"
@@ -68,3 +66,27 @@ def warm_start_source(
     tmp.write_text(json.dumps(decisions, indent=2) + "\n")
     os.replace(tmp, decisions_path)
     return init_from, why
+
+
+def _champion_state(name: str, version: str, mlflow_uri: str, checkpoint: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the champion's checkpoint state, "") downloaded into `checkpoint`'s directory, or (None, what
+    is wrong) when the registered version is no dssm checkpoint: anyone who reaches the MLflow server
+    can register one, and it must not stop every night's training."""
+    from modeling.checkpoint import read_checkpoint
+    from retrieval.index import copy_model_files, resolve_model
+
+    try:
+        if not checkpoint.is_file():
+            shutil.rmtree(checkpoint.parent, ignore_errors=True)  # a download cut short
+            # the first windowed night may already find a champion (of a run without a window)
+            checkpoint.parent.parent.mkdir(parents=True, exist_ok=True)
+            copy_model_files(resolve_model(f"models:/{name}/{version}", mlflow_uri), checkpoint.parent)
+        return read_checkpoint(checkpoint), ""
+    except DssmError as e:  # no model.pt among its artifacts, refused by the safe loader, not a checkpoint
+        return None, str(e)
+
+
+def _overlap(state: dict[str, Any], vocab: Vocab) -> float:
+    """The share of `vocab`'s tokens the checkpoint's vocabulary holds."""
+    tokens = set(state["vocab"]["tokens"])
+    return sum(t in tokens for t in vocab.tokens) / max(vocab.size, 1)

@@ -82,6 +82,29 @@ def health_checks(urls: dict[str, str]) -> dict[str, Callable[[], bool]]:
     }
 
 
+def own_origins(host: str, port: int) -> tuple[list[str], list[str]]:
+    """(Host headers, browser origins) of a service of the stack: its own address, by IP and as
+    localhost. A page elsewhere (another origin, or a rebound DNS name) is not one of them."""
+    names = list(dict.fromkeys([host, "localhost"]))
+    return [f"{n}:{port}" for n in names], [f"http://{n}:{port}" for n in names]
+
+
+# What the Prefect UI and clients send cross-origin: JSON bodies, auth, CSRF tokens, API version.
+PREFECT_CORS_HEADERS = "Content-Type,Authorization,Prefect-Csrf-Token,Prefect-Csrf-Client,X-Prefect-Api-Version"
+
+
+def prefect_security(host: str, port: int) -> dict[str, str]:
+    """The Prefect server's settings that keep other web pages off its API. Its defaults answer
+    every origin (`Access-Control-Allow-Origin: *`); here only the UI's own origin is allowed.
+    Prefect 3 has no Host-header allow-list (infra/README.md: what the stack does instead)."""
+    _, origins = own_origins(host, port)
+    return {
+        "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins),
+        "PREFECT_SERVER_CORS_ALLOWED_METHODS": "GET,POST,PUT,PATCH,DELETE",
+        "PREFECT_SERVER_CORS_ALLOWED_HEADERS": PREFECT_CORS_HEADERS,
+    }
+
+
 def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     import pyspark
 
@@ -95,16 +118,19 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
         "SPARK_LOG_DIR": str(root / "logs"),
         "PYSPARK_PYTHON": sys.executable,  # executors run the project's parser: the same interpreter
     }
+    mlflow_hosts, mlflow_origins = own_origins(cfg.host, cfg.mlflow_port)
+    prefect_env = {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     return {
         "mlflow": (
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
              "--artifacts-destination", str(root / "mlflow" / "artifacts"),
-             "--host", cfg.host, "--port", str(cfg.mlflow_port), "--workers", "1"],
+             "--host", cfg.host, "--port", str(cfg.mlflow_port), "--workers", "1",
+             "--allowed-hosts", ",".join(mlflow_hosts), "--cors-allowed-origins", ",".join(mlflow_origins)],
             {},
         ),
         "prefect": (
             [str(bin_dir / "prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)],
-            {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+            prefect_env | prefect_security(cfg.host, cfg.prefect_port),
         ),
         "spark-master": (
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", cfg.host,

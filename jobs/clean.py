@@ -55,13 +55,18 @@ class CleanConfig:
     catalogue: str = ""
 
 
+def log_dir(path: Path) -> Path:
+    """Where the lines of a local input are: a `dssm simulate` output dir's logs/, else itself."""
+    if (path / "logs").is_dir() and (read_manifest(path) or {}).get("stage") == "simulate":
+        return path / "logs"
+    return path
+
+
 def resolve_input(path: str) -> str:
     """A `dssm simulate` output dir means its logs/; a missing local path is a clear error."""
     if "://" in path:
         return path
-    p = Path(path)
-    if (p / "logs").is_dir() and (read_manifest(p) or {}).get("stage") == "simulate":
-        p = p / "logs"
+    p = log_dir(Path(path))
     if not p.exists() and not any(ch in path for ch in "*?["):
         raise DssmError(f"raw log input not found: {p}")
     if p.is_dir() and not data_files(p):  # files in subdirectories count: Spark reads them too
@@ -293,7 +298,7 @@ def clean(
             },
         }
 
-    with cluster_errors():
+    with cluster_errors(out):
         params = {k: v for k, v in asdict(cfg).items() if k != "catalogue"}  # its hash is an input
         return publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force or remote)
 

@@ -339,7 +339,7 @@ def negatives(
         return {"counts": counts, "outputs": {"train": "train/", "valid": "valid/"}}
 
     code = code_fingerprint(__name__)
-    with cluster_errors():
+    with cluster_errors(out):
         return publish(out, "negatives", code, inputs, asdict(cfg), build, force, upstream=upstreams)
 
 

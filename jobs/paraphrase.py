@@ -115,7 +115,7 @@ def paraphrase(
         }
 
     # Published as stage "clean": downstream jobs read it as they read cleaned click data.
-    with cluster_errors():
+    with cluster_errors(out):
         return publish(out, "clean", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
 
 

@@ -184,14 +184,45 @@ def _field_error(record: dict) -> None:
 
 
 def read_catalogue(path) -> Catalogue:
-    """A catalogue side table (Parquet: doc_id, title): doc ids to rows of its distinct normalised titles."""
+    """A catalogue side table (Parquet: doc_id, title): doc ids to rows of its distinct normalised titles.
+
+    A catalogue is refused (DssmError naming the file) when a row lacks its doc id or title, or a doc
+    id has more than one row: which title such a document has cannot be told, and the catalogue is
+    one input, with no reject output of its own (docs/raw-log-format.md)."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from core.errors import DssmError
+
     table = pq.read_table(path, columns=["doc_id", "title"])
-    normed = list(map(norm, table.column("title").to_pylist()))
-    titles = sorted(set(normed))
-    row = {t: i for i, t in enumerate(titles)}
-    return Catalogue(dict(zip(table.column("doc_id").to_pylist(), (row[t] for t in normed), strict=True)), titles)
+    ids, titles = table.column("doc_id"), table.column("title")
+    for name, column in (("doc_id", ids), ("title", titles)):
+        if column.null_count:
+            rows = pc.indices_nonzero(pc.is_null(column)).to_pylist()
+            where = [f"row {i}" + (f" (doc id {ids[i]})" if ids[i].is_valid else "") for i in rows[:_SHOWN]]
+            raise DssmError(
+                f"catalogue {path}: {len(rows)} of {table.num_rows} rows have a null {name}: "
+                f"{_listed(where, len(rows))}; every row needs a doc_id and a title"
+            )
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1)).to_pylist()
+    if repeated:
+        named = [f"{r['values']} ({r['counts']} rows)" for r in repeated[:_SHOWN]]
+        raise DssmError(
+            f"catalogue {path}: {len(repeated)} doc ids have more than one row: "
+            f"{_listed(named, len(repeated))}; a catalogue has one row per document"
+        )
+    normed = list(map(norm, titles.to_pylist()))
+    unique = sorted(set(normed))
+    row = {t: i for i, t in enumerate(unique)}
+    return Catalogue(dict(zip(ids.to_pylist(), (row[t] for t in normed), strict=True)), unique)
+
+
+_SHOWN = 10  # the rows or doc ids a catalogue error names
+
+
+def _listed(named: list[str], total: int) -> str:
+    return ", ".join(named) + (f" and {total - len(named)} more" if total > len(named) else "")
 
 
 def _is_utf8(raw: bytes) -> bool:

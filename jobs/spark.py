@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from core.errors import TransientError
+from core.errors import NO_SPACE, DssmError, TransientError, no_space
 from jobs.schemas import check_parquet
 
 log = logging.getLogger(__name__)
@@ -122,15 +122,39 @@ class ClusterWatch(threading.Thread):
 
 
 @contextmanager
-def cluster_errors() -> Iterator[None]:
-    """A job cancelled by the ClusterWatch fails with the watch's reason, not Spark's."""
+def cluster_errors(out: Path | str | None = None) -> Iterator[None]:
+    """A job cancelled by the ClusterWatch fails with the watch's reason, not Spark's; a job that
+    ran out of disk says so, naming `out` (Spark's own message is a JVM or worker trace whose
+    first line, all the CLI shows, names neither the cause nor the path)."""
     try:
         yield
-    except Exception:
+    except DssmError:
+        raise
+    except Exception as e:
         if _watch is not None and _watch.reason:
             reason, _watch.reason = _watch.reason, None
             raise TransientError(reason) from None
+        if out is not None and out_of_space(e):
+            where = "a Spark job's write failed: on the output's file system or in spark.local.dir"
+            raise no_space(out, where) from None
         raise
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether a (Spark, py4j or Python) exception, or one it was raised from, is a full disk."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return True
+        try:  # str() of a py4j error asks the JVM for its trace; a dead JVM answers with an error
+            text = f"{error} {getattr(error, '_stackTrace', '') or ''}"
+        except Exception:
+            text = ""
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class LazySpark:

@@ -123,7 +123,7 @@ def vocab(
         return {"counts": summary, "outputs": {"trigrams": "trigrams/", "words": "words/", "summary": "summary.json"}}
 
     code = code_fingerprint(__name__)
-    with cluster_errors():
+    with cluster_errors(out):
         return publish(out, "vocab", code, inputs, asdict(cfg), build, force, upstream=[upstream])
 
 

@@ -9,10 +9,15 @@ for the window (read = kept + rejected, summed).
 
 The rules run per day: a duplicate impression id or a bot's minute that straddles midnight is
 judged within each day only (docs/raw-log-format.md).
+
+A day of the window without logs (no partition, an empty one) is left out and listed in the
+manifest with why; a `dt=…` entry that is not a dated directory (`dt=2026-13-40`, `dt=2026-2-2`) is
+not read, with a warning, and listed too.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -24,12 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.artifacts import code_fingerprint, publish, read_manifest
+from core.artifacts import code_fingerprint, data_files, publish, read_manifest
 from core.errors import DssmError
-from jobs.clean import CleanConfig, clean
+from jobs.clean import CleanConfig, clean, log_dir
 from jobs.schemas import CLICK_PAIRS, TITLES, check_parquet
 
 PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
+log = logging.getLogger(__name__)
 
 
 def window_dates(run_date: str, days: int) -> list[str]:
@@ -43,16 +49,40 @@ def window_dates(run_date: str, days: int) -> list[str]:
     return [(last - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
 
 
-def partitions(root: Path) -> dict[str, Path]:
-    """date -> directory of each `dt=YYYY-MM-DD` partition under a log root."""
+def partitions(root: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """(date -> directory of each `dt=YYYY-MM-DD` partition under a log root, name -> why not read of
+    each other `dt=…` entry: not a date, or not a directory). Other names are not partitions."""
     if not root.is_dir():
         raise DssmError(f"log root not found: {root} (expected dt=YYYY-MM-DD partitions in it)")
-    found = {}
-    for child in root.iterdir():
+    found, bad = {}, {}
+    for child in sorted(root.iterdir()):
+        if not child.name.startswith("dt="):
+            continue
         match = PARTITION.match(child.name)
-        if match and child.is_dir():
-            found[match.group(1)] = child
-    return found
+        if not match:
+            bad[child.name] = "not a dt=YYYY-MM-DD name"
+            continue
+        try:
+            date.fromisoformat(match.group(1))
+        except ValueError as e:
+            bad[child.name] = f"not a date ({e})"
+            continue
+        if not child.is_dir():
+            bad[child.name] = "not a directory"
+            continue
+        found[match.group(1)] = child
+    return found, bad
+
+
+def no_logs(partition: Path) -> str | None:
+    """Why a partition holds no log lines to read (no files, or only empty ones), else None: such a
+    day is a day without logs, not a failed night."""
+    files = data_files(log_dir(partition))
+    if not files:
+        return f"{partition.name} is an empty directory"
+    if not any(f.stat().st_size for f in files):
+        return f"{partition.name} holds only empty files"
+    return None
 
 
 def clean_window(
@@ -66,13 +96,27 @@ def clean_window(
 ) -> dict[str, Any]:
     """Clean each partition of `dates` present under `root` into `days_dir/dt=…` (skipped when its
     bytes are unchanged), then write the window's pairs and titles to `out`; returns its manifest."""
-    present = partitions(root)
-    days = [d for d in dates if d in present]
+    present, bad = partitions(root)
+    for name, why in bad.items():
+        log.warning("%s/%s is not read: %s", root, name, why)
+    # A day without logs (no partition, or an empty one) is left out and listed, not fatal: a
+    # nightly run still trains on the days that landed.
+    why_missing = {d: f"no partition dt={d}" for d in dates if d not in present}
+    why_missing |= {d: why for d in dates if d in present and (why := no_logs(present[d]))}
+    why_missing = dict(sorted(why_missing.items()))
+    for day, why in why_missing.items():
+        log.warning("window %s..%s of %s: day %s left out (%s)", dates[0], dates[-1], root, day, why)
+    days = [d for d in dates if d not in why_missing]
     if not days:
-        raise DssmError(f"{root}: no partition of the window {dates[0]}..{dates[-1]} (found: {_span(present)})")
+        raise DssmError(
+            f"{root}: no logs in the window {dates[0]}..{dates[-1]} ({'; '.join(why_missing.values())}; "
+            f"partitions found: {_span(present)})"
+        )
     manifests = {d: clean(spark, str(present[d]), days_dir / present[d].name, cfg, force) for d in days}
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
     params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}
+    # In the key, so that the manifest's lists stay true when only they change (a bad name appears).
+    params |= {"missing": why_missing, "bad_partitions": bad}
 
     def build(tmp: Path) -> dict[str, Any]:
         pairs = _summed([days_dir / f"dt={d}" / "pairs" for d in days], ["query", "title"], CLICK_PAIRS)
@@ -110,7 +154,9 @@ def clean_window(
                     }
                     for d in days
                 },
-                "missing": [d for d in dates if d not in present],
+                "missing": list(why_missing),
+                "why_missing": why_missing,
+                "bad_partitions": bad,
             },
             "outputs": {
                 "pairs": "pairs/",

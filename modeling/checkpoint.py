@@ -1,13 +1,21 @@
 """Checkpoints: written atomically by rank 0, self-contained (resolved config, vocabulary tokens,
-model and optimiser state, position in the data, MLflow run id), loadable without the work dir."""
+model and optimiser state, position in the data, MLflow run id), loadable without the work dir.
+
+A checkpoint is tensors and plain data only (dicts, lists, str, int, float, bool, None) and is read
+with `torch.load(weights_only=True)`: a `.pt` file can come from anyone who reaches the MLflow
+server or an index directory, and a full unpickle would run whatever code it names."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from pathlib import Path
+import pickle
+import re
+from pathlib import Path, PurePath
 from typing import Any
 
+import numpy as np
 import torch
 
 from core.errors import DssmError
@@ -24,7 +32,7 @@ def save_checkpoint(out: Path, state: dict[str, Any], step: int, keep: int) -> P
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"step-{step:07d}.pt"
     tmp = out / f".{path.name}.tmp"
-    torch.save(state, tmp)
+    torch.save(plain_state(state), tmp)
     os.replace(tmp, path)  # a reader never sees a half-written checkpoint
     last_tmp = out / f".{LAST}.tmp"
     if last_tmp.exists():
@@ -36,16 +44,85 @@ def save_checkpoint(out: Path, state: dict[str, Any], step: int, keep: int) -> P
     return path
 
 
+# The model and optimiser state dicts are torch's own, which its safe loader reads as they are.
+TORCH_STATE = ("model", "optimizer")
+SAFE_LOAD_HELP = (
+    "a dssm checkpoint holds only tensors and plain data and is never unpickled as code; retrain the "
+    "model, or re-save a checkpoint you trust with plain data (docs/training.md, Checkpoints)"
+)
+
+
+def plain(value: Any, where: str = "checkpoint") -> Any:
+    """`value` as data `torch.load(weights_only=True)` accepts: paths become str, numpy scalars and
+    arrays Python numbers and lists, dataclasses dicts. Anything else is a bug in what is saved."""
+    if value is None or type(value) in (str, bool, int, float) or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    for kind in (str, int, float):  # a subclass (an enum) pickles as its own class, which is refused
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value), where)
+    if isinstance(value, dict):
+        return {plain(k, where): plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if type(value) is tuple else items
+    raise TypeError(f"{where}: a {type(value).__name__} is not plain data a safe torch.load reads")
+
+
+def plain_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's state with its metadata as plain data (`plain`), the torch state dicts as they are."""
+    return {k: v if k in TORCH_STATE else plain(v, f"checkpoint[{k!r}]") for k, v in state.items()}
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's state (a file, or a run directory's last.pt), loaded as tensors and plain data
+    only; a file that is anything else raises DssmError naming it, without running any of it."""
     path = Path(path)
     if path.is_dir():
         path = path / LAST
     if not path.exists():
         raise DssmError(f"{path}: no checkpoint here")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # the safe loader met something other than tensors and data
+        raise DssmError(f"{path}: refused to load ({_refusal(e)}); {SAFE_LOAD_HELP}") from None
     except Exception as e:  # truncated or foreign file
         raise DssmError(f"{path}: not a readable dssm checkpoint ({type(e).__name__}: {e})") from e
+    problem = _shape_problem(state)
+    if problem:
+        raise DssmError(f"{path}: not a dssm checkpoint ({problem})")
+    return state
+
+
+def _refusal(error: pickle.UnpicklingError) -> str:
+    """What torch's several-paragraph weights_only error says was refused, in a few words."""
+    text = " ".join(str(error).split())
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it refers to {found.group(1)}, not only to tensors and plain data"
+    found = re.search(r"WeightsUnpickler error: (.+?)(?: Check the documentation|$)", text)
+    return found.group(1) if found else "not tensors and plain data"
+
+
+def _shape_problem(state: Any) -> str | None:
+    """What keeps `state` from being a dssm checkpoint (the keys every reader indexes), or None."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dict"
+    missing = [k for k in ("config", "vocab", "model") if not isinstance(state.get(k), dict)]
+    if missing:
+        return f"no {', '.join(missing)} dict"
+    if not isinstance(state["vocab"].get("tokens"), list):
+        return "no vocab tokens list"
+    if not isinstance(state["config"].get("model"), dict):
+        return "no model config"
+    return None
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:

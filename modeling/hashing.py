@@ -8,6 +8,7 @@ word's trigram embeddings (`W·l(t)`), so no dense 30k-wide hashed vector ever e
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +18,16 @@ import torch
 
 from core.artifacts import require_manifest
 from core.errors import DssmError
-from core.text import word_trigrams
+from core.text import MAX_TEXT_CHARS, word_trigrams
 
 UNKNOWN_ID = 0
+# What the model reads of a text: its first MAX_TEXT_CHARS characters (core/text.py), of those the
+# first `model.max_words` words, and of each word its first MAX_WORD_TRIGRAMS letter trigrams. A query
+# can be anything a client sends; these keep its cost and the caches' entries small whatever it is.
+MAX_WORD_TRIGRAMS = 64  # a word's first 64 characters (real words and product codes are shorter)
+# Longer words and texts are tokenised each time instead of held as cache keys.
+CACHED_WORD_CHARS = 64
+CACHED_TEXT_CHARS = 256
 
 
 @dataclass
@@ -68,47 +76,73 @@ class Vocab:
         return cls(table.column("token").to_pylist(), manifest["content_sha256"], clean, kind)
 
     def word_tokens(self, word: str) -> np.ndarray:
-        """The token ids one word is made of."""
+        """The token ids one word is made of (a trigram word: its first MAX_WORD_TRIGRAMS trigrams)."""
         if self.kind == "words":
             return np.array([self.index.get(word, UNKNOWN_ID)], np.int64)
-        return np.fromiter((self.index.get(t, UNKNOWN_ID) for t in word_trigrams(word)), np.int64)
+        # the first K trigrams are those of the word's first K + 1 characters, less its end boundary
+        trigrams = word_trigrams(word[: MAX_WORD_TRIGRAMS + 1])[:MAX_WORD_TRIGRAMS]
+        return np.fromiter((self.index.get(t, UNKNOWN_ID) for t in trigrams), np.int64, len(trigrams))
 
 
 class Tokenizer:
-    """Text -> word ids -> trigram ids, with every word and text cached (titles repeat a lot)."""
+    """Text -> word ids -> trigram ids, with words and texts cached (titles repeat a lot).
 
-    def __init__(self, vocab: Vocab, max_words: int, cache_size: int = 1_000_000):
+    The caches hold at most `cache_size` words and `cache_size` texts: a served model sees any
+    number of distinct queries. Word ids index one shared table, so when the words outgrow the bound
+    both caches are emptied together, at the end of the call that filled them (a call's ids stay
+    valid until it returns). `mlflow models serve` calls predict from several threads at once: one
+    call at a time numbers words and empties the caches."""
+
+    def __init__(self, vocab: Vocab, max_words: int, cache_size: int = 100_000):
         self.vocab = vocab
         self.max_words = max_words
         self.cache_size = cache_size
         self._word_ids: dict[str, int] = {}
         self._trigrams: list[np.ndarray] = []  # per word id
         self._texts: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def __reduce__(self):  # to a worker process: the vocabulary and settings, not the caches
         return Tokenizer, (self.vocab, self.max_words, self.cache_size)
 
-    def word_id(self, word: str) -> int:
+    def words(self, text: str) -> list[str]:
+        """The words of `text` the model reads: at most `max_words` of its first MAX_TEXT_CHARS
+        characters (split no further than that); an empty text is one empty word."""
+        return text[:MAX_TEXT_CHARS].split(None, self.max_words)[: self.max_words] or [""]
+
+    def _word_id(self, word: str) -> int:
         wid = self._word_ids.get(word)
         if wid is None:
             wid = len(self._trigrams)
-            self._word_ids[word] = wid
             self._trigrams.append(self.vocab.word_tokens(word))
+            if len(word) <= CACHED_WORD_CHARS:
+                self._word_ids[word] = wid
         return wid
 
-    def text(self, text: str) -> np.ndarray:
-        """Word ids of the text (at most `max_words`); an empty text is one empty word (id 0: <unk>)."""
+    def _text(self, text: str) -> np.ndarray:
+        """Word ids of the text's words (`words`), valid until the caches are trimmed."""
         hit = self._texts.get(text)
         if hit is None:
-            words = text.split()[: self.max_words] or [""]
-            hit = np.fromiter((self.word_id(w) for w in words), np.int64, len(words))
-            if len(self._texts) < self.cache_size:
+            words = self.words(text)
+            hit = np.fromiter((self._word_id(w) for w in words), np.int64, len(words))
+            if len(self._texts) < self.cache_size and len(text) <= CACHED_TEXT_CHARS:
                 self._texts[text] = hit
         return hit
 
+    def _trim(self) -> None:
+        if len(self._trigrams) > self.cache_size:
+            self._word_ids, self._trigrams, self._texts = {}, [], {}
+
+    def cached(self) -> dict[str, int]:
+        """How many words and texts the caches hold."""
+        return {"words": len(self._trigrams), "texts": len(self._texts)}
+
     def trigrams(self, text: str) -> list[np.ndarray]:
         """The trigram ids of each word of the text."""
-        return [self._trigrams[w] for w in self.text(text)]
+        with self._lock:
+            out = [self._trigrams[w] for w in self._text(text)]
+            self._trim()
+        return out
 
     def batch(
         self,
@@ -119,12 +153,14 @@ class Tokenizer:
     ) -> TextBatch:
         """Tokenise `texts`; with `rng`, drop words and shuffle the word order of the texts flagged in
         `scrambled` (Wieting & Gimpel 2017's regularisers; the caller flags whole pairs)."""
-        parts = [self.text(t) for t in texts]
-        if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
-            flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
-            parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
-        distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
-        bags = [self._trigrams[w] for w in distinct]
+        with self._lock:
+            parts = [self._text(t) for t in texts]
+            if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
+                flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
+                parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
+            distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
+            bags = [self._trigrams[w] for w in distinct]
+            self._trim()
         sizes = np.fromiter((len(b) for b in bags), np.int64, len(bags))
         offsets = np.zeros(len(bags), np.int64)
         np.cumsum(sizes[:-1], out=offsets[1:])

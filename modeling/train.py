@@ -71,7 +71,8 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     device = pick_device(cfg, d.local_rank)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
     inputs = load_inputs(cfg)
-    tokenizer = Tokenizer(inputs.vocab, cfg.model.max_words)
+    # training data is the project's own and re-read every epoch: a larger cache than a served model's
+    tokenizer = Tokenizer(inputs.vocab, cfg.model.max_words, cache_size=1_000_000)
     n = int(inputs.negatives_manifest["params"]["n"])
     batches = ClickBatches(
         *(train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed),

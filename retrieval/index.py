@@ -71,13 +71,15 @@ class ModelRef:
 
 def resolve_model(uri: str, tracking_uri: str) -> ModelRef:
     """models:/NAME@ALIAS or models:/NAME/VERSION as the version it names now; runs:/ URIs as they are."""
-    import mlflow
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri)
+    from core.tracking import client as mlflow_client
+    from core.tracking import use_store
+
+    use_store(tracking_uri)
     if not uri.startswith("models:/"):
         return ModelRef(uri, "", "", uri.split("/")[1] if uri.startswith("runs:/") else "")
-    client = mlflow.MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     rest = uri[len("models:/") :]
     try:
         if "@" in rest:
@@ -233,7 +235,7 @@ def index(
         )
         return {"counts": counts, "model": asdict(model)}
 
-    with cluster_errors():
+    with cluster_errors(out):
         manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
     # After the rename, so the logged copy carries the manifest its loader checks every file against;
     # an index whose registration failed is up to date next time and only registered then.
@@ -267,9 +269,10 @@ def register_index(out: Path, model: ModelRef, tracking_uri: str, manifest: dict
     byte-identical to one already registered for this model version reuses that version."""
     import mlflow
 
+    from core.tracking import client as mlflow_client
     from core.tracking import log_datasets
 
-    client = mlflow.MlflowClient(tracking_uri)
+    client = mlflow_client(tracking_uri)
     retriever_name = f"{model.name}-retriever"
     counts, titles, content = manifest["counts"], manifest["inputs"]["titles"], manifest["content_sha256"]
     existing = registered_copy(client, retriever_name, model.label, content)

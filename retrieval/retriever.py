@@ -15,9 +15,10 @@ model version): a DataFrame with a `query` column in, one row per (query, rank) 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import numpy as np
@@ -30,6 +31,9 @@ from core.artifacts import require_manifest
 from core.errors import DssmError
 from core.text import capped_query, checked_texts
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
+
+if TYPE_CHECKING:
+    import faiss
 
 INDEX_FILE = "titles.faiss"
 SIGNATURE = ModelSignature(
@@ -52,6 +56,24 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     """float32 rows scaled to length 1 (an all-zero row stays zero), so inner product is cosine."""
     v = np.ascontiguousarray(vectors, dtype=np.float32)
     return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def read_faiss(path: Path) -> faiss.Index:
+    """The faiss index in `path`; a damaged file raises DssmError naming it (faiss's own message is a
+    C++ assertion from its reader)."""
+    import faiss
+
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as e:
+        found = re.search(r"\.cpp:\d+: (?:Error: '[^']*' failed: )?(.*)", str(e))
+        reason = found.group(1) if found else (str(e).splitlines() or [type(e).__name__])[0]
+        if reason.startswith("read error"):  # "read error in PATH: 777 != 1600 (Success)"
+            reason = "it ends early: truncated?"
+        raise DssmError(
+            f"{path}: not a readable faiss index ({reason}); rebuild the index with `dssm index --force` "
+            f"(or `dssm run --force`)"
+        ) from None
 
 
 def read_titles(index_dir: Path) -> list[str]:
@@ -83,8 +105,6 @@ class Retriever:
 
     @classmethod
     def load(cls, index_dir: Path | str, ef_search: int | None = None) -> Retriever:
-        import faiss
-
         from evaluation.neural import TwoTowerEmbedder
 
         path = Path(index_dir)
@@ -93,7 +113,7 @@ class Retriever:
         # every file against the manifest's sha256: one copied from another index (or another model's
         # checkpoint) would answer with a mix of two models, and a same-size corruption passes a size check
         require_manifest(path, "index", content=True)
-        index = faiss.read_index(str(path / INDEX_FILE))
+        index = read_faiss(path / INDEX_FILE)
         if ef_search and hasattr(index, "hnsw"):
             index.hnsw.efSearch = ef_search
         from retrieval.bm25 import CatalogueBM25

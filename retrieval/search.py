@@ -21,14 +21,13 @@ from core.layout import Layout
 
 def retriever_uri(uri: str, tracking_uri: str) -> str:
     """A retriever's model URI: itself, or the `retriever_uri` tag of the two-tower version `uri` names."""
-    import mlflow
-
+    from core.tracking import client
     from retrieval.index import resolve_model
 
     if "retriever" in uri.rsplit("/", 1)[-1].split("@")[0] or not uri.startswith("models:/"):
         return uri
     model = resolve_model(uri, tracking_uri)
-    tag = mlflow.MlflowClient(tracking_uri).get_model_version(model.name, model.version).tags.get("retriever_uri")
+    tag = client(tracking_uri).get_model_version(model.name, model.version).tags.get("retriever_uri")
     if not tag:
         raise DssmError(f"--model {uri}: {model.label} has no index yet; run `dssm index --model {uri} ...`")
     return tag
@@ -42,10 +41,10 @@ def load(args: argparse.Namespace):
         return Retriever.load(args.index or Layout(args.workdir).index, args.ef_search)
     import mlflow
 
-    from core.tracking import default_tracking_uri
+    from core.tracking import default_tracking_uri, use_store
 
     tracking = args.mlflow_uri or default_tracking_uri(Path(args.workdir))
-    mlflow.set_tracking_uri(tracking)
+    use_store(tracking)
     uri = retriever_uri(args.model, tracking)
     try:
         return mlflow.pyfunc.load_model(uri).unwrap_python_model().retriever

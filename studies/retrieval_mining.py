@@ -55,10 +55,12 @@ def train(workdir: Path, variant: str, seeds: list[int]) -> None:
              "--out", str(negatives), *mine)  # fmt: skip
     base = training_keys(TABLE4 / "lstm.yaml")
     for seed in seeds:
-        if checkpoint(workdir, variant, seed).exists():
+        if variant == "base" and seed == 1:
             continue
         out = checkpoint(workdir, variant, seed).parent
-        dssm("train", *base, *keys, f"seed={seed}", f"out={out}", f"data.negatives={negatives}",
+        # a finished run is skipped and a killed one resumes (`dssm train --resume`)
+        dssm("train", "--resume", "--on-change", "restart", *base, *keys, f"seed={seed}", f"out={out}",
+             f"data.negatives={negatives}",
              f"data.vocab={workdir / 'vocab'}", f"mlflow_uri=sqlite:///{workdir / 'study' / 'mlflow.db'}",
              "experiment=retrieval-mining")  # fmt: skip
 

@@ -231,3 +231,28 @@ def write_judged(path: Path, test: bool = True) -> Path:
             for j in range(2):
                 w.writerow([q, f"{TINY_ATTRIBUTES[(i + j + 3) % 8]} {product} pro", 3])
     return path
+
+
+def write_index(out: Path, titles: list[str], dim: int = 8) -> Path:
+    """An index directory laid out as `dssm index` writes it (retrieval/retriever.py), of random unit
+    vectors and without model/model.pt: what `Retriever.load` reads before it loads the model, with
+    the manifest (its files' sha256) that it checks first."""
+    import json
+
+    import faiss
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.artifacts import write_manifest
+    from retrieval.retriever import INDEX_FILE, unit_rows
+
+    (out / "embeddings").mkdir(parents=True)
+    (out / "model").mkdir()
+    pq.write_table(pa.table({"title": titles}), out / "embeddings" / "part-00000.parquet")
+    index = faiss.IndexFlatIP(dim)
+    index.add(unit_rows(np.random.default_rng(0).normal(size=(len(titles), dim))))
+    faiss.write_index(index, str(out / INDEX_FILE))
+    (out / "model.json").write_text(json.dumps({"uri": "", "name": "", "version": "", "run_id": ""}) + "\n")
+    write_manifest(out, {"stage": "index"})
+    return out

@@ -1,5 +1,6 @@
 import gzip
 import json
+import re
 import shutil
 
 import pyarrow.parquet as pq
@@ -208,6 +209,49 @@ def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_
     assert c["kept"] == outputs[2]["counts"]["kept"]
     rejects = pq.read_table(tmp_path / "clean-mixed" / "rejects").to_pylist()
     assert [r["detail"] for r in rejects if r["reason"] == "unknown_doc"] == ["doc_id d000000000000"]
+
+
+@pytest.fixture(scope="module")
+def v2_log(default_pairs, tmp_path_factory):
+    """A small v2 log and its catalogue side table."""
+    from jobs.simulate import SimulationConfig, simulate
+
+    sim = tmp_path_factory.mktemp("v2") / "sim"
+    cfg = SimulationConfig(impressions=2_000, shards=1, workers=1, log_format=2)
+    simulate(default_pairs, sim, cfg, {"path": "default", "sha256": "default"})
+    return sim
+
+
+def test_a_v2_catalogue_with_repeated_doc_ids_is_refused_naming_them(spark, tmp_path, v2_log):
+    """Which title a document with two rows has cannot be told: the catalogue is refused, naming the
+    repeated doc ids and their row counts (it used to be read silently, the last row winning)."""
+    import pyarrow as pa
+
+    table = pq.read_table(v2_log / "catalogue.parquet")
+    again = table.slice(0, 50).set_column(1, "title", pa.array([f"another title {i}" for i in range(50)]))
+    bad = tmp_path / "catalogue.parquet"
+    pq.write_table(pa.concat_tables([table, again.cast(table.schema)]), bad)
+    first = table.column("doc_id")[0].as_py()
+    message = rf"{re.escape(str(bad))}: 50 doc ids have more than one row: {first} \(2 rows\).* and 40 more"
+    with pytest.raises(DssmError, match=message):
+        clean(spark, str(v2_log), tmp_path / "out", CleanConfig(catalogue=str(bad)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_v2_catalogue_with_a_null_title_is_refused_naming_the_file(spark, tmp_path, v2_log):
+    """A null title used to fail with a bare AttributeError naming no file."""
+    import pyarrow as pa
+
+    table = pq.read_table(v2_log / "catalogue.parquet")
+    titles = table.column("title").to_pylist()
+    titles[3] = None
+    bad = tmp_path / "catalogue.parquet"
+    pq.write_table(table.set_column(1, pa.field("title", pa.string()), pa.array(titles)), bad)
+    doc = table.column("doc_id")[3].as_py()
+    message = rf"{re.escape(str(bad))}: 1 of {table.num_rows} rows have a null title: row 3 \(doc id {doc}\)"
+    with pytest.raises(DssmError, match=message):
+        clean(spark, str(v2_log), tmp_path / "out", CleanConfig(catalogue=str(bad)))
+    assert not (tmp_path / "out").exists()
 
 
 def test_impressions_keep_every_kept_line_in_rank_order_and_add_up_to_the_title_counts(pipeline):

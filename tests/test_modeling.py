@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -72,6 +73,82 @@ def test_word_hashing_maps_unknown_trigrams_to_zero(tokenizer):
     assert cordless.tolist() == [
         tokenizer.vocab.index.get(t, 0) for t in ["#co", "cor", "ord", "rdl", "dle", "les", "ess", "ss#"]
     ]
+
+
+def random_words(n: int, length: int, seed: int = 0) -> list[str]:
+    letters = np.random.default_rng(seed).integers(ord("a"), ord("z") + 1, size=(n, length), dtype=np.uint8)
+    return [row.tobytes().decode("ascii") for row in letters]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_tokenizer_caches_stay_bounded_under_10000_distinct_long_words(tokenizer):
+    """Issue 41: a served model kept every distinct word it was sent (437 MB -> 906 MB in 400 requests)."""
+    # In memory, with the default bound: resident size grows by much less than the words sent (10 MB
+    # of text; the unbounded caches kept their 10 M trigram ids, over 80 MB).
+    served = Tokenizer(tokenizer.vocab, max_words=40)
+    words = random_words(10_000, 1000, seed=1)
+    before = rss_bytes()
+    for start in range(0, len(words), 100):  # as served: a request of 100 one-word queries at a time
+        served.batch(words[start : start + 100])
+    grown = rss_bytes() - before
+    assert grown < 30 * 2**20, f"RSS grew {grown / 2**20:.0f} MB"
+
+    from core.text import word_trigrams
+    from modeling.hashing import CACHED_WORD_CHARS, MAX_WORD_TRIGRAMS
+
+    bounded = Tokenizer(tokenizer.vocab, max_words=40, cache_size=1000)
+    words = random_words(10_000, 1000)
+    for start in range(0, len(words), 100):
+        bounded.batch(words[start : start + 100])
+        cached = bounded.cached()
+        assert cached["words"] <= 1000 and cached["texts"] <= 1000, cached
+    # a long word is read up to its first MAX_WORD_TRIGRAMS trigrams, and never kept as a cache key
+    assert all(len(w) <= CACHED_WORD_CHARS for w in bounded._word_ids)
+    (ids,) = bounded.trigrams(words[0])
+    assert ids.tolist() == [tokenizer.vocab.index.get(t, 0) for t in word_trigrams(words[0])[:MAX_WORD_TRIGRAMS]]
+    # short words are still cached and read whole
+    short = [t.tolist() for t in bounded.trigrams("cordless drill")]
+    assert short == [t.tolist() for t in tokenizer.trigrams("cordless drill")] and bounded._word_ids
+
+
+def decoded(batch) -> list[list[list[int]]]:
+    """Per text, per word, the trigram ids a TextBatch holds."""
+    ends = [*batch.offsets.tolist()[1:], len(batch.ids)]
+    bags = [batch.ids[a:b].tolist() for a, b in zip(batch.offsets.tolist(), ends, strict=True)]
+    words = iter(batch.words.tolist())
+    return [[bags[next(words)] for _ in range(n)] for n in batch.lengths.tolist()]
+
+
+def test_threads_tokenising_at_once_get_their_own_words_while_the_caches_empty(tokenizer):
+    """`mlflow models serve` runs predict in a thread pool: one thread emptying the caches must not
+    renumber the words of another's batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = Tokenizer(tokenizer.vocab, max_words=40, cache_size=50)
+    requests = [[" ".join(random_words(3, 6, seed=100 * r + i)) for i in range(20)] for r in range(200)]
+
+    def tokenise(texts: list[str]) -> bool:
+        expected = [[tokenizer.vocab.word_tokens(w).tolist() for w in t.split()] for t in texts]
+        return decoded(shared.batch(texts)) == expected
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(tokenise, requests))
+
+
+def test_a_query_is_read_to_max_words_words_within_max_text_chars(tokenizer):
+    from core.text import MAX_TEXT_CHARS
+    from modeling.hashing import MAX_WORD_TRIGRAMS
+
+    huge = " ".join(random_words(20_000, 5))  # 120,000 characters
+    assert tokenizer.words(huge) == huge.split()[:40]
+    assert tokenizer.words("x" * 100_000) == ["x" * MAX_TEXT_CHARS]  # one word, cut where reading stops
+    batch = tokenizer.batch([huge, "y" * 100_000])
+    assert batch.lengths.tolist() == [40, 1] and len(batch.ids) <= 41 * MAX_WORD_TRIGRAMS
+    assert tokenizer.words("  two   words  ") == ["two", "words"] and tokenizer.words("") == [""]
 
 
 @pytest.mark.parametrize("forget_gate,peepholes", [(False, False), (True, False), (True, True), (False, True)])

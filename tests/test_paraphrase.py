@@ -24,7 +24,7 @@ from evaluation.sts import sts_files
 from jobs.negatives import NegativesConfig, negatives
 from jobs.paraphrase import paraphrase
 from jobs.vocab import vocab
-from modeling.checkpoint import load_model
+from modeling.checkpoint import load_model, read_checkpoint
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import paraphrase_loss
 
@@ -131,7 +131,7 @@ def test_train_objective_paraphrase_and_sts(paraphrase_data, tmp_path, encoder, 
     model, tokenizer, cfg = load_model(run)
     assert cfg.loss.objective == "paraphrase" and model.query_encoder is model.doc_encoder  # one encoder g
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
-    run_id = torch.load(run / "last.pt", weights_only=False)["mlflow_run_id"]
+    run_id = read_checkpoint(run)["mlflow_run_id"]
     losses = [m.value for m in client.get_metric_history(run_id, "train_loss")]
     assert losses[-1] < losses[0]
     penalties = [m.value for m in client.get_metric_history(run_id, "regulariser")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, http_service, tiny_model, write_judged
+from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, http_service, tiny_model, write_index, write_judged
 
 from dssm.cli import main as dssm_main
 from evaluation.neural import TwoTowerEmbedder
@@ -450,6 +451,35 @@ def test_bm25s_ranks_the_catalogue_as_the_reference_bm25_scores_it():
         np.testing.assert_allclose(fast.scores(query), reference.score([query] * len(titles), titles), atol=1e-4)
     ids, scores = fast.search("brass faucet", 3)
     assert [titles[i].split()[:2] for i in ids] == [["brass", "faucet"]] * 3 and scores[0] >= scores[-1]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_faiss_file_is_named_with_the_command_that_rebuilds_it(tmp_path, capsys, damage):
+    from core.artifacts import write_manifest
+    from core.errors import DssmError
+    from retrieval.retriever import INDEX_FILE, Retriever
+
+    index = write_index(tmp_path / "index", [f"title {i}" for i in range(50)])
+    data = (index / INDEX_FILE).read_bytes()
+    (index / INDEX_FILE).write_bytes(
+        {"truncated": data[: len(data) // 2], "garbage": b"garbage!" * 64, "empty": b""}[damage]
+    )
+    with pytest.raises(DssmError, match=rf"{re.escape(str(index / INDEX_FILE))} has \d+ bytes.*dssm index --force"):
+        Retriever.load(index)  # the manifest's sizes and hashes: faiss never reads the damaged file
+    # a manifest that agrees with the damaged file (written over it, or before manifests held hashes):
+    # faiss's reader is the last check
+    write_manifest(index, {"stage": "index"})
+    with pytest.raises(
+        DssmError,
+        match=rf"^{re.escape(str(index / INDEX_FILE))}: not a readable faiss index \(.+\); .*dssm index --force",
+    ):
+        Retriever.load(index)
+    assert dssm_main(["search", "drill", "--index", str(index)]) == 2
+    error = capsys.readouterr().err
+    assert (
+        error.startswith(f"dssm search: error: {index / INDEX_FILE}: not a readable faiss index")
+        and "Error in" not in error
+    )
 
 
 def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():

@@ -12,7 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyarrow.parquet as pq
 import pytest
@@ -159,3 +162,69 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
     assert stack.status(cfg.root) == {}
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", cfg.prefect_port)) != 0
+
+
+@contextmanager
+def stack_service(cfg: stack.StackConfig, name: str) -> Iterator[None]:
+    """One service of the stack, started with the command and settings `dssm stack up` uses."""
+    argv, extra_env = stack._commands(cfg)[name]
+    log = cfg.root / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **extra_env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        stack._wait(name, stack.health_checks(cfg.urls)[name], proc, time.monotonic() + 180, log)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its session: `prefect server start` runs the server as a child
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None):
+    """(status, headers, body) of one request, error statuses included."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers or {}, method=method), timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+FOREIGN = "http://attacker.example"
+ACAO = "Access-Control-Allow-Origin"
+
+
+def test_the_stack_servers_grant_no_other_origin_or_host(tmp_path):
+    """Prefect used to answer `Access-Control-Allow-Origin: *` to any page, POSTs included; now only
+    the stack's own origin (by IP or as localhost) is granted. MLflow refuses foreign Host headers
+    and cross-origin writes. (Prefect 3 cannot refuse a Host header: infra/README.md.)"""
+    cfg = stack.StackConfig(root=tmp_path / "stack", prefect_port=free_port(), mlflow_port=free_port())
+    with stack_service(cfg, "prefect"), stack_service(cfg, "mlflow"):
+        api, port = cfg.urls["prefect"], cfg.prefect_port
+        json_post = {"Content-Type": "application/json"}
+        status, headers, _ = request(f"{api}/flow_runs/filter", "POST", {"Origin": FOREIGN, **json_post}, b"{}")
+        assert status == 200 and headers.get(ACAO) is None  # answered, but no browser lets the page read it
+        preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+        status, headers, body = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": FOREIGN, **preflight})
+        assert (status, headers.get(ACAO)) == (400, None), body  # so a page's JSON POST is never sent
+        for own in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+            status, headers, _ = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": own, **preflight})
+            assert (status, headers.get(ACAO)) == (200, own)
+            assert "POST" in headers.get("Access-Control-Allow-Methods", "")
+
+        mlflow = f"{cfg.urls['mlflow']}/api/2.0/mlflow/experiments"
+        status, _, body = request(f"{mlflow}/search?max_results=1", headers={"Host": "attacker.example"})
+        assert status == 403 and b"Invalid Host header" in body  # a rebound DNS name is refused
+        create = json.dumps({"name": "from-a-web-page"}).encode()
+        status, headers, body = request(f"{mlflow}/create", "POST", {"Origin": FOREIGN, **json_post}, create)
+        assert status == 403 and b"Cross-origin request blocked" in body and headers.get(ACAO) is None
+        status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": FOREIGN})
+        assert status == 200 and headers.get(ACAO) is None
+        own = f"http://127.0.0.1:{cfg.mlflow_port}"
+        status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": own})
+        assert (status, headers.get(ACAO)) == (200, own)

@@ -1,0 +1,68 @@
+"""MLflow stores shared by concurrent runs (core/tracking.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from pathlib import Path
+
+import pytest
+
+ROUNDS = 5
+
+
+def _first_runs(stores: list[str], start, results) -> None:
+    """One `dssm run`'s first touches of each store, as training's tracker makes them: the
+    experiment (created if missing), then a run in it. Started together with a twin by `start`."""
+    try:
+        import mlflow  # imported before the barrier: the race is between store openings, not imports
+
+        from core.tracking import client, experiment_id
+
+        assert mlflow.MlflowClient
+        for uri in stores:
+            start.wait(timeout=120)
+            exp = experiment_id(uri, "concurrent")
+            run = client(uri).create_run(exp, run_name="first")
+            client(uri).set_terminated(run.info.run_id)
+            results.put(("ok", uri, run.info.run_id))
+    except BaseException:
+        results.put(("error", "", traceback.format_exc()))
+        raise
+
+
+@pytest.mark.integration
+def test_two_processes_create_one_sqlite_store_at_once(tmp_path):
+    """Two runs that open a new sqlite store at the same moment both finish (MLflow's first-use
+    migrations used to run twice, and the second failed: alembic "Online migration expected to
+    match one row"), in one experiment."""
+    import mlflow
+
+    stores = [f"sqlite:///{tmp_path / f'round{i}' / 'mlflow.db'}" for i in range(ROUNDS)]
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_first_runs, args=(stores, start, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    answers = []
+    try:
+        while len(answers) < 2 * ROUNDS:
+            status, uri, detail = results.get(timeout=300)
+            assert status == "ok", detail  # the first failure ends the test: its twin waits at the barrier
+            answers.append((uri, detail))
+    finally:
+        for p in procs:
+            p.join(30 if len(answers) == 2 * ROUNDS else 0)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    for uri in stores:
+        runs = [run_id for at, run_id in answers if at == uri]
+        assert len(set(runs)) == 2
+        client = mlflow.MlflowClient(uri)
+        experiment = client.get_experiment_by_name("concurrent")
+        found = client.search_runs([experiment.experiment_id])
+        assert sorted(r.info.run_id for r in found) == sorted(runs)
+        assert all(r.info.status == "FINISHED" for r in found)
+        assert Path(uri.removeprefix("sqlite:///") + ".lock").exists()
