@@ -222,6 +222,48 @@ def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(
             assert sorted(h.title for h in hits) == sorted(titles[i] for i in expected)
 
 
+@pytest.mark.parametrize("method", ["zscore", "rrf"])
+def test_a_hybrid_fuses_the_union_as_its_retrieval_fusion_says(registered, method):
+    from evaluation.lexical import BM25, Collection
+    from retrieval.bm25 import CatalogueBM25
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import Retriever
+
+    titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in "abc"]
+    embedder = TwoTowerEmbedder(registered["checkpoint"])
+    depth, alpha = 40, 0.7
+    fusion = {"bm25": BM25.fit(Collection(titles)).to_dict(), "weight": 0.3}
+    fusion["retrieval"] = {"method": method, "depth": depth, "alpha": alpha}
+    vectors = embedder.embed(titles, "doc")
+    query = "cordless drill"
+    # by hand: the union of both top `depth` (BM25's with a matching word), each candidate's cosine and
+    # bm25s score standardised over the union (zscore) or turned into reciprocal ranks (rrf), mixed by alpha
+    cos = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)) @ embedder.embed([query], "query")[0]
+    lexical = CatalogueBM25(titles).scores(query)
+    union = list(
+        dict.fromkeys(
+            [
+                *np.argsort(-cos, kind="stable")[:depth],
+                *[i for i in np.argsort(-lexical, kind="stable")[:depth] if lexical[i] > 0],
+            ]
+        )
+    )
+    assert len(union) > depth
+    c, b = cos[union].astype(np.float64), lexical[union].astype(np.float64)
+    if method == "zscore":
+        fused = alpha * (c - c.mean()) / c.std() + (1 - alpha) * (b - b.mean()) / b.std()
+    else:
+        rank = lambda x: np.argsort(np.argsort(-x, kind="stable"), kind="stable") + 1  # noqa: E731
+        fused = alpha / (60 + rank(c)) + (1 - alpha) / (60 + rank(b))
+    order = np.argsort(-fused, kind="stable")
+    index, _ = build_faiss(vectors, IndexConfig(kind="flat"))
+    hits = Retriever(index, titles, embedder, fusion, lexical=CatalogueBM25(titles)).search([query], 10)[0]
+    np.testing.assert_allclose([h.score for h in hits], fused[order[:10]], atol=1e-5)
+    if method == "zscore":  # (rrf's ranks break the ties of titles that differ in one letter either way)
+        at_least = fused[order[9]] - 1e-6  # tied titles: any of them may come first
+        assert {h.title for h in hits} <= {titles[union[i]] for i in order if fused[i] >= at_least}
+
+
 def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
     """A `dssm index` output written without Spark: the files retrieval/index.py writes (the title
     tower's vectors in a flat faiss index, the slim checkpoint, a hybrid's fusion.json and bm25/) and
