@@ -136,6 +136,24 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def evaluate(workdir: Path, judgments: Path, variants: list[str], seeds: list[int]) -> None:
+    """One `dssm evaluate` of every variant's models on the test queries, then per variant the
+    re-ranking and retrieval seed means with paired t-tests of the seed-averaged per-query values."""
+    from reproductions.homedepot_table4 import retrieval_table, seed_table
+
+    out = workdir / "study" / "test-eval"
+    models = [a for v in variants for s in seeds for a in ("--model", str(checkpoint(workdir, v, s)))]
+    dssm("evaluate", "--judgments", str(judgments), "--out", str(out), "--baselines", "bm25,minilm", "--retrieval",
+         "--hybrid-dev", str(workdir / "negatives"), "--no-register", *models)  # fmt: skip
+    print((out / "report.md").read_text())
+    for v in variants:  # evaluate names models of one encoder by their run directory
+        names = [checkpoint(workdir, v, s).parent.name for s in seeds]
+        systems = {"": names, "+bm25": [f"{n}+bm25" for n in names]}
+        print(f"\n## {v}")
+        print(seed_table(out, v, systems, ["bm25", "minilm"]))
+        print(retrieval_table(out, v, systems))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
@@ -144,6 +162,13 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2,3", help="(default: %(default)s)")
     p.add_argument("--test", action="store_true", help="score on the test queries (after choosing on dev)")
     p.add_argument("--score-only", action="store_true", help="train nothing; score the finished runs")
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="after choosing on dev: `dssm evaluate --retrieval` of the variants' models on the test queries (each "
+        "model and its hybrid with the retrieval fusion fit on dev, BM25 and MiniLM) into WORKDIR/study/test-eval, "
+        "with seed-mean tables",
+    )
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} is absent: this study needs ../shared/data")
@@ -154,6 +179,8 @@ def main() -> None:
     if not args.score_only:
         for variant in variants:
             train(args.workdir, variant, seeds)
+    if args.evaluate:
+        return evaluate(args.workdir, args.judgments, variants, seeds)
     result = score(args.workdir, args.judgments, variants, seeds, args.test)
     path = args.workdir / "study" / f"{result['split']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
