@@ -58,8 +58,9 @@ def train(workdir: Path, variant: str, seeds: list[int]) -> None:
         if variant == "base" and seed == 1:
             continue
         out = checkpoint(workdir, variant, seed).parent
-        # a finished run is skipped and a killed one resumes (`dssm train --resume`)
-        dssm("train", "--resume", "--on-change", "restart", *base, *keys, f"seed={seed}", f"out={out}",
+        # a finished run is skipped and a killed one resumes; one trained by other code is an error, never
+        # silently retrained (the study's numbers are of the models on disk)
+        dssm("train", "--resume", "--on-change", "error", *base, *keys, f"seed={seed}", f"out={out}",
              f"data.negatives={negatives}",
              f"data.vocab={workdir / 'vocab'}", f"mlflow_uri=sqlite:///{workdir / 'study' / 'mlflow.db'}",
              "experiment=retrieval-mining")  # fmt: skip
@@ -176,7 +177,7 @@ def main() -> None:
         sys.exit(f"{args.workdir} has no run: `dssm run --config {TABLE4}/lstm.yaml --workdir {args.workdir}` first")
     args.workdir = args.workdir.resolve()  # MLflow wants an absolute sqlite path
     variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
-    if not args.score_only:
+    if not (args.score_only or args.evaluate):
         for variant in variants:
             train(args.workdir, variant, seeds)
     if args.evaluate:
