@@ -85,6 +85,12 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
 
     summary = json.loads((work / "report.json").read_text())
     assert set(summary["systems"]) == {"bm25", "lstm", "lstm+bm25"} and summary["eval_queries"] > 0  # PROTOCOL.md §6
+    # retrieval from the whole catalogue (PROTOCOL.md §8) beside re-ranking, in the report and the printed table
+    retrieval = summary["retrieval"]
+    assert set(retrieval["systems"]) == {"bm25", "lstm", "lstm+bm25"}
+    assert retrieval["queries"] == summary["eval_queries"]
+    measured = {"ndcg@10", "recall@1000", "judged@10", "condensed_ndcg@10", "p_vs_bm25"}
+    assert set(retrieval["systems"]["lstm"]) >= measured
     stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
     assert list(stages) == [
         "simulate",
@@ -101,6 +107,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
     assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
     assert "| lstm |" in out and f"report: {work / 'report.json'}" in out
+    assert "Retrieval from the whole catalogue" in out
     assert flow_run(summary["pipeline"]["flow_run_id"]).state.is_completed()
 
     import mlflow
@@ -121,6 +128,9 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     champion = "2" if gates["lstm+bm25"]["promoted"] else "1"
     alias = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion")
     assert str(alias.version) == champion
+    hybrid_run = next(r for r in by_system["lstm+bm25"])
+    assert hybrid_run.data.params["retrieval_method"] in ("zscore", "rrf")  # fit on the dev queries
+    assert {"retrieval_ndcg_at_10", "retrieval_recall_at_100"} <= set(hybrid_run.data.metrics)
     # the index stage embedded the title pool with the champion; `dssm search` answers from it
     index_model = json.loads((work / "index" / "model.json").read_text())
     assert (
@@ -185,6 +195,16 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "negatives": False,
         "train": False,
     }
+
+    # Mining: the mine stage reads the index the run before left and the model trains on its rows
+    assert main([*args[: 3 + len(TINY_RUN)], "mine.hard=0.5", "--train", *train]) == 0
+    mined = json.loads((work / "mined" / "manifest.json").read_text())
+    assert mined["source_used"] == "index" and mined["inputs"]["index"]["path"] == str(work / "index")
+    assert mined["counts"]["mined_negatives"] > 0 and not skipped_stages()["mine"]
+    from modeling.checkpoint import read_checkpoint
+
+    trained_on = read_checkpoint(work / "train" / "lstm" / "last.pt")["config"]["data"]["negatives"]
+    assert Path(trained_on) == work / "mined"
 
 
 def test_a_failing_stage_names_itself_and_fails_the_flow_run(tmp_path):
