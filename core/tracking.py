@@ -80,15 +80,23 @@ def use_store(tracking_uri: str) -> None:
     mlflow.set_tracking_uri(tracking_uri)
 
 
+# MLflow 3's UI opens an experiment on the GenAI traces overview unless its kind says it holds model
+# runs; dssm's experiments are runs to compare.
+EXPERIMENT_KIND, RUNS_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def experiment_id(tracking_uri: str, name: str) -> str:
-    """The id of experiment `name`, created if missing. With a local sqlite store, artifacts go
-    beside the database (`mlartifacts/`), not into whatever directory the command ran from."""
+    """The id of experiment `name`, created if missing, its kind set to model runs (the UI opens on
+    them). With a local sqlite store, artifacts go beside the database (`mlartifacts/`), not into
+    whatever directory the command ran from."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     use_store(tracking_uri)
     experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
+        if experiment.tags.get(EXPERIMENT_KIND) != RUNS_KIND:  # one made before the tag, or by hand
+            mlflow.MlflowClient(tracking_uri).set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, RUNS_KIND)
         return experiment.experiment_id
     path = sqlite_path(tracking_uri)
     artifacts = path.parent.joinpath("mlartifacts").as_uri() if path is not None else None
@@ -99,7 +107,7 @@ def experiment_id(tracking_uri: str, name: str) -> str:
         if experiment is not None:
             return experiment.experiment_id
         try:
-            return mlflow.create_experiment(name, artifact_location=artifacts)
+            return mlflow.create_experiment(name, artifact_location=artifacts, tags={EXPERIMENT_KIND: RUNS_KIND})
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise

@@ -97,7 +97,7 @@ class TrainConfig:
     mlflow_uri: str = ""  # tracking URI; empty: sqlite under the run directory's parent (the work dir)
     experiment: str = "dssm-train"  # MLflow experiment (the retrain flow: the dataset's name)
     dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
-    run_name: str = ""  # MLflow run name; empty: MLflow's
+    run_name: str = ""  # MLflow run name; empty: ENCODER-seedSEED (e.g. lstm-seed1)
     init_from: str = ""  # a checkpoint whose weights start this run (same-shaped tensors; embeddings by token)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -23,9 +23,9 @@ class Tracker:
         import mlflow
 
         self.mlflow = mlflow
-        run = mlflow.start_run(
-            run_id=run_id, experiment_id=experiment_id(cfg.mlflow_uri, cfg.experiment), run_name=cfg.run_name or None
-        )
+        name = cfg.run_name or f"{cfg.model.encoder}-seed{cfg.seed}"  # runs compared side by side say what they are
+        experiment = experiment_id(cfg.mlflow_uri, cfg.experiment)
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment, run_name=name)
         self.run_id = run.info.run_id
         if run_id is None:
             mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})

@@ -66,3 +66,22 @@ def test_two_processes_create_one_sqlite_store_at_once(tmp_path):
         assert sorted(r.info.run_id for r in found) == sorted(runs)
         assert all(r.info.status == "FINISHED" for r in found)
         assert Path(uri.removeprefix("sqlite:///") + ".lock").exists()
+
+
+def test_experiments_open_on_their_runs_and_training_runs_are_named_by_encoder_and_seed(tiny_data, tmp_path):
+    """MLflow 3's UI opens an experiment by its kind: dssm's hold model runs, not GenAI traces."""
+    from conftest import tiny_model
+
+    from core.tracking import EXPERIMENT_KIND, RUNS_KIND, client, experiment_id
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    made = experiment_id(uri, "fresh")
+    assert client(uri).get_experiment(made).tags[EXPERIMENT_KIND] == RUNS_KIND
+    older = client(uri).create_experiment("made-before-the-tag")  # an existing store's experiment
+    assert experiment_id(uri, "made-before-the-tag") == older
+    assert client(uri).get_experiment(older).tags[EXPERIMENT_KIND] == RUNS_KIND
+
+    tiny_model(tiny_data, tmp_path / "model", "epochs=1", "seed=7")  # its run goes to tmp_path/train.db
+    trained = f"sqlite:///{tmp_path}/train.db"
+    runs = client(trained).search_runs([e.experiment_id for e in client(trained).search_experiments()])
+    assert [r.info.run_name for r in runs] == ["lstm-seed7"]
