@@ -19,7 +19,7 @@ import numpy as np
 from core.text import norm
 from evaluation.protocol import EvalSet, paired_test
 from evaluation.systems import System
-from retrieval.bm25 import CatalogueBM25
+from retrieval.bm25 import CatalogueBM25, best
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 from retrieval.quality import DEPTH, METRICS, catalogue_metrics
 from retrieval.retriever import unit_rows
@@ -40,14 +40,14 @@ class Catalogue:
     def __init__(self, titles: list[str]):
         self.titles = titles
         self.bm25 = CatalogueBM25(titles)
-        self._vectors: dict[int, np.ndarray] = {}
+        self._vectors: dict[Any, np.ndarray] = {}
 
     @classmethod
     def of_judged(cls, pairs) -> Catalogue:
         return cls(list(dict.fromkeys(norm(p.title) for p in pairs)))
 
     def vectors(self, embed) -> np.ndarray:
-        key = id(embed.__self__) if hasattr(embed, "__self__") else id(embed)
+        key = getattr(embed, "__self__", embed)  # the model behind a bound method: one entry per model
         if key not in self._vectors:
             self._vectors[key] = unit_rows(embed(self.titles, "doc"))
         return self._vectors[key]
@@ -89,7 +89,7 @@ def hybrid(
     out: dict[RetrievalFusion, list[np.ndarray]] = {f: [] for f in fusions}
     for query, vector, ids in zip(queries, query_vectors, model_ids, strict=True):
         bm25 = catalogue.bm25.scores(query)
-        by_bm25 = np.argsort(-bm25, kind="stable")
+        by_bm25 = best(bm25, deepest)
         for fusion in fusions:
             candidates = union(ids[: fusion.depth], by_bm25[: fusion.depth], bm25[by_bm25[: fusion.depth]])
             cos = title_vectors[candidates] @ vector

@@ -27,7 +27,7 @@ import argparse
 import hashlib
 import logging
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +62,7 @@ class Ranker:
     source: str
     retriever: Any = None  # a retrieval.retriever.Retriever (source=index)
     bm25: Any = None  # a retrieval.bm25.CatalogueBM25 (source=bm25)
+    query_vectors: dict[str, np.ndarray] = field(default_factory=dict)  # filled by `top`, read by the margin
 
     def top(self, queries: list[str], depth: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(title ids, cosines or None) of each query's best `depth` titles, best first."""
@@ -69,16 +70,17 @@ class Ranker:
             from retrieval.retriever import unit_rows
 
             vectors = unit_rows(self.retriever.embedder.embed(queries, "query"))
+            self.query_vectors = dict(zip(queries, vectors, strict=True))
             cos, ids = self.retriever.index.search(vectors, depth)
             return ids, cos
         return np.stack([self.bm25.search(q, depth)[0] for q in queries]), None
 
     def positive_cosines(self, queries: list[str], positives: list[str]) -> np.ndarray:
-        """cos(query, positive) of each row under the index's model."""
+        """cos(query, positive) of each row under the index's model (queries as `top` embedded them)."""
         from retrieval.retriever import unit_rows
 
-        embed = self.retriever.embedder.embed
-        return np.einsum("ij,ij->i", unit_rows(embed(queries, "query")), unit_rows(embed(positives, "doc")))
+        titles = unit_rows(self.retriever.embedder.embed(positives, "doc"))
+        return np.einsum("ij,ij->i", np.stack([self.query_vectors[q] for q in queries]), titles)
 
 
 def open_ranker(index_dir: Path | None, titles_dir: Path, source: str) -> Ranker:

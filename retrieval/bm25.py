@@ -56,7 +56,12 @@ class CatalogueBM25:
     def search(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(title ids, scores) of the top k titles, best first; ties by title id."""
         scores = self.scores(query)
-        k = min(k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k]
-        order = np.lexsort((top, -scores[top]))
-        return top[order], scores[top][order]
+        top = best(scores, k)
+        return top, scores[top]
+
+
+def best(scores: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k highest scores, best first, ties by id: a partition, not a sort of the catalogue."""
+    k = min(k, len(scores))
+    top = np.argpartition(-scores, k - 1)[:k]
+    return top[np.lexsort((top, -scores[top]))]

@@ -30,6 +30,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from core.artifacts import require_manifest
 from core.errors import DssmError
 from core.text import capped_query, checked_texts
+from retrieval.bm25 import best
 from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class Retriever:
     ) -> tuple[np.ndarray, np.ndarray]:
         if self.lexical is not None:
             lexical_scores = self.lexical.scores(query)
-            top = np.argsort(-lexical_scores, kind="stable")[:depth]
+            top = best(lexical_scores, depth)
             candidates = union(ids, top, lexical_scores[top])
             extra = candidates[len(ids) :]
             if len(extra):  # their cosines from the index's stored unit vectors
