@@ -2,7 +2,11 @@
 
 Logs that land one day at a time (`ROOT/dt=YYYY-MM-DD/…`, as `dssm simulate --day` writes them) are
 cleaned day by day by `jobs.clean.clean` into `DAYS/dt=…/`, each cached by its own partition's
-content hash: a nightly run parses only the day that is new (or a day whose bytes changed). The
+fingerprint (jobs/hadoopfs.py: its files' names, lengths, modification times and file-system
+checksums): a nightly run parses only the day that is new, or a day with a file added, removed or
+rewritten. ROOT is a path or URI on any Hadoop file system (`file://`, `hdfs://`, `s3a://`, a
+relative path): partitions are listed and fingerprinted through Spark's Hadoop FileSystem, never
+by reading their bytes, so a remote root is cached as a local one is. The
 window's clean output (the `clean` stage's usual `pairs/` and `titles/`) is the sum of its days'
 per-(query, title) clicks and impressions; counts reconcile per day (in each day's manifest) and
 for the window (read = kept + rejected, summed).

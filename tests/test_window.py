@@ -10,8 +10,8 @@ import pytest
 
 from core.errors import DssmError
 from jobs.clean import CleanConfig
-from jobs.simulate import SimulationConfig, simulate
 from jobs.hadoopfs import HadoopPath, fingerprint
+from jobs.simulate import SimulationConfig, simulate
 from jobs.window import clean_window, day_logs, partitions, window_dates
 
 
