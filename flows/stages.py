@@ -160,7 +160,7 @@ def clean_stage(ctx: RunContext, simulate: StageOutput | None) -> StageOutput:
         root = cfg.logs or str(ctx.layout.logs)
         log.info("window %s..%s of %s", ctx.window[0], ctx.window[-1], root)
         days = ctx.layout.clean_days
-        job = lambda: clean_window(ctx.spark(), Path(root), ctx.window, days, out, cfg.clean, ctx.force)  # noqa: E731
+        job = lambda: clean_window(ctx.spark(), root, ctx.window, days, out, cfg.clean, ctx.force)  # noqa: E731
         return run_data_stage("clean", root, out, job)
     logs = simulate.path if simulate else cfg.logs
     return run_data_stage("clean", logs, out, lambda: clean(ctx.spark(), logs, out, cfg.clean, ctx.force))

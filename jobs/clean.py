@@ -19,6 +19,7 @@ they need from it, so the large rows are never shuffled.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import time
@@ -32,8 +33,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from core.artifacts import code_fingerprint, content_sha256, data_files, publish, read_manifest
+from core.artifacts import MANIFEST, code_fingerprint, content_sha256, data_files, publish, read_manifest
 from core.errors import DssmError
+from jobs.hadoopfs import HadoopPath
 from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches, read_catalogue
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
@@ -59,6 +61,19 @@ def log_dir(path: Path) -> Path:
     """Where the lines of a local input are: a `dssm simulate` output dir's logs/, else itself."""
     if (path / "logs").is_dir() and (read_manifest(path) or {}).get("stage") == "simulate":
         return path / "logs"
+    return path
+
+
+def fs_log_dir(path: HadoopPath) -> HadoopPath:
+    """`log_dir` on any Hadoop file system: a `dssm simulate` output dir's logs/, else itself."""
+    logs, manifest = path / "logs", path / MANIFEST
+    if logs.is_dir() and manifest.is_file():
+        try:
+            stage = json.loads(manifest.read_text()).get("stage")
+        except (ValueError, AttributeError):  # not a manifest of ours: the directory is the logs
+            stage = None
+        if stage == "simulate":
+            return logs
     return path
 
 
@@ -181,12 +196,23 @@ def _shown_counts(rows: DataFrame, results: str, key: str) -> DataFrame:
 
 
 def clean(
-    spark: SparkSession, input_path: str, out: Path, cfg: CleanConfig = CleanConfig(), force: bool = False
+    spark: SparkSession,
+    input_path: str,
+    out: Path,
+    cfg: CleanConfig = CleanConfig(),
+    force: bool = False,
+    listed: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    source = resolve_input(input_path)
-    # A remote (s3a://, hdfs://) or glob input is not hashed here, so it is never taken as unchanged.
-    remote = "://" in source or any(ch in source for ch in "*?[")
-    source_hash = None if remote else content_sha256(Path(source))
+    """`listed`: (where the lines are, their `jobs.hadoopfs.fingerprint`), for an input already
+    resolved and fingerprinted on its Hadoop file system (a window's day, jobs/window.py); else the
+    input is resolved here and a local one hashed byte for byte."""
+    if listed is not None:
+        (source, source_hash), remote = listed, False
+    else:
+        source = resolve_input(input_path)
+        # A remote (s3a://, hdfs://) or glob input is not hashed here, so it is never taken as unchanged.
+        remote = "://" in source or any(ch in source for ch in "*?[")
+        source_hash = None if remote else content_sha256(Path(source))
     inputs = {"raw": {"path": source, "sha256": source_hash}}
     catalogue_path = resolve_catalogue(input_path, cfg)
     if catalogue_path is not None:
@@ -200,7 +226,7 @@ def clean(
                 raw = spark.read.option("recursiveFileLookup", "true").text(source)
                 parse(raw, catalogue.ids if catalogue else None).write.parquet(str(scratch))
             except Exception:
-                damaged = None if remote else damaged_input(Path(source))
+                damaged = damaged_input(spark, source)
                 if damaged:  # Spark's own message names no file
                     raise DssmError(damaged) from None
                 raise
@@ -328,22 +354,16 @@ def write_impressions(kept: DataFrame, catalogue, path: Path) -> int:
     return sum(r["rows"] for r in written)
 
 
-def damaged_input(source: Path) -> str | None:
-    """What is wrong with an unreadable input file (a truncated or corrupt .gz), or None. Read in
-    full, so only after a failure."""
-    import gzip
-    import zlib
-
-    for path in data_files(source):
-        if path.suffix != ".gz":
-            continue
-        try:
-            with gzip.open(path, "rb") as handle:
-                while handle.read(1 << 20):
-                    pass
-        except (EOFError, OSError, zlib.error) as e:
-            return f"{path}: a damaged gzip file ({e}); repair it or move it out of the input"
-    return None
+def damaged_input(spark: SparkSession, source: str) -> str | None:
+    """What is wrong with an unreadable input on any Hadoop file system (a truncated or corrupt
+    .gz), or None; a glob is not looked into. Read in full, so only after a failure."""
+    if any(ch in source for ch in "*?["):
+        return None
+    try:
+        damaged = HadoopPath(spark, source).damaged_gzip()
+    except Exception:  # the input itself unreadable: Spark's own error stands
+        return None
+    return f"{damaged}; repair it or move it out of the input" if damaged else None
 
 
 @contextmanager

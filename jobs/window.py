@@ -2,7 +2,11 @@
 
 Logs that land one day at a time (`ROOT/dt=YYYY-MM-DD/…`, as `dssm simulate --day` writes them) are
 cleaned day by day by `jobs.clean.clean` into `DAYS/dt=…/`, each cached by its own partition's
-content hash: a nightly run parses only the day that is new (or a day whose bytes changed). The
+fingerprint (jobs/hadoopfs.py: its files' names, lengths, modification times and file-system
+checksums): a nightly run parses only the day that is new, or a day with a file added, removed or
+rewritten. ROOT is a path or URI on any Hadoop file system (`file://`, `hdfs://`, `s3a://`, a
+relative path): partitions are listed and fingerprinted through Spark's Hadoop FileSystem, never
+by reading their bytes, so a remote root is cached as a local one is. The
 window's clean output (the `clean` stage's usual `pairs/` and `titles/`) is the sum of its days'
 per-(query, title) clicks and impressions; counts reconcile per day (in each day's manifest) and
 for the window (read = kept + rejected, summed).
@@ -29,9 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.artifacts import code_fingerprint, data_files, publish, read_manifest
+from core.artifacts import code_fingerprint, publish, read_manifest
 from core.errors import DssmError
-from jobs.clean import CleanConfig, clean, log_dir
+from jobs.clean import CleanConfig, clean, fs_log_dir
+from jobs.hadoopfs import FileInfo, HadoopPath, fingerprint
 from jobs.schemas import CLICK_PAIRS, TITLES, check_parquet
 
 PARTITION = re.compile(r"^dt=(\d{4}-\d{2}-\d{2})$")
@@ -49,60 +54,70 @@ def window_dates(run_date: str, days: int) -> list[str]:
     return [(last - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
 
 
-def partitions(root: Path) -> tuple[dict[str, Path], dict[str, str]]:
-    """(date -> directory of each `dt=YYYY-MM-DD` partition under a log root, name -> why not read of
-    each other `dt=…` entry: not a date, or not a directory). Other names are not partitions."""
-    if not root.is_dir():
-        raise DssmError(f"log root not found: {root} (expected dt=YYYY-MM-DD partitions in it)")
+def partitions(spark, root: str | Path) -> tuple[dict[str, HadoopPath], dict[str, str]]:
+    """(date -> directory of each `dt=YYYY-MM-DD` partition under a log root on any Hadoop file
+    system, name -> why not read of each other `dt=…` entry: not a date, or not a directory). Other
+    names are not partitions."""
+    base = HadoopPath(spark, str(root))
+    if not base.is_dir():
+        why = "is not a directory" if base.exists() else "not found"
+        raise DssmError(f"log root {why}: {root} (expected dt=YYYY-MM-DD partitions in it)")
     found, bad = {}, {}
-    for child in sorted(root.iterdir()):
-        if not child.name.startswith("dt="):
+    for name, is_dir in base.children():
+        if not name.startswith("dt="):
             continue
-        match = PARTITION.match(child.name)
+        match = PARTITION.match(name)
         if not match:
-            bad[child.name] = "not a dt=YYYY-MM-DD name"
+            bad[name] = "not a dt=YYYY-MM-DD name"
             continue
         try:
             date.fromisoformat(match.group(1))
         except ValueError as e:
-            bad[child.name] = f"not a date ({e})"
+            bad[name] = f"not a date ({e})"
             continue
-        if not child.is_dir():
-            bad[child.name] = "not a directory"
+        if not is_dir:
+            bad[name] = "not a directory"
             continue
-        found[match.group(1)] = child
+        found[match.group(1)] = base / name
     return found, bad
 
 
-def no_logs(partition: Path) -> str | None:
+def day_logs(partition: HadoopPath) -> tuple[HadoopPath, list[FileInfo]]:
+    """Where a partition's lines are (a `dssm simulate` output's logs/, else itself) and its data files."""
+    logs = fs_log_dir(partition)
+    return logs, logs.files()
+
+
+def no_logs(partition: HadoopPath, files: list[FileInfo]) -> str | None:
     """Why a partition holds no log lines to read (no files, or only empty ones), else None: such a
     day is a day without logs, not a failed night."""
-    files = data_files(log_dir(partition))
     if not files:
         return f"{partition.name} is an empty directory"
-    if not any(f.stat().st_size for f in files):
+    if not any(f.length for f in files):
         return f"{partition.name} holds only empty files"
     return None
 
 
 def clean_window(
     spark,
-    root: Path,
+    root: str | Path,
     dates: list[str],
     days_dir: Path,
     out: Path,
     cfg: CleanConfig,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Clean each partition of `dates` present under `root` into `days_dir/dt=…` (skipped when its
-    bytes are unchanged), then write the window's pairs and titles to `out`; returns its manifest."""
-    present, bad = partitions(root)
+    """Clean each partition of `dates` present under `root` (a path or URI on any Hadoop file system)
+    into `days_dir/dt=…` (skipped when its fingerprint is unchanged), then write the window's pairs
+    and titles to `out`; returns its manifest."""
+    present, bad = partitions(spark, root)
     for name, why in bad.items():
         log.warning("%s/%s is not read: %s", root, name, why)
+    listed = {d: day_logs(present[d]) for d in dates if d in present}
     # A day without logs (no partition, or an empty one) is left out and listed, not fatal: a
     # nightly run still trains on the days that landed.
     why_missing = {d: f"no partition dt={d}" for d in dates if d not in present}
-    why_missing |= {d: why for d in dates if d in present and (why := no_logs(present[d]))}
+    why_missing |= {d: why for d, (_, files) in listed.items() if (why := no_logs(present[d], files))}
     why_missing = dict(sorted(why_missing.items()))
     for day, why in why_missing.items():
         log.warning("window %s..%s of %s: day %s left out (%s)", dates[0], dates[-1], root, day, why)
@@ -112,7 +127,11 @@ def clean_window(
             f"{root}: no logs in the window {dates[0]}..{dates[-1]} ({'; '.join(why_missing.values())}; "
             f"partitions found: {_span(present)})"
         )
-    manifests = {d: clean(spark, str(present[d]), days_dir / present[d].name, cfg, force) for d in days}
+    # Spark reads the qualified path that was listed, whatever its working directory.
+    fingerprints = {d: (listed[d][0].qualified, fingerprint(listed[d][1])) for d in days}
+    manifests = {
+        d: clean(spark, str(present[d]), days_dir / f"dt={d}", cfg, force, listed=fingerprints[d]) for d in days
+    }
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
     params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}
     # In the key, so that the manifest's lists stay true when only they change (a bad name appears).
@@ -205,7 +224,7 @@ def _link_impressions(days: dict[str, Path], out: Path) -> None:
                 shutil.copy2(part, target)
 
 
-def _span(present: dict[str, Path]) -> str:
+def _span(present: dict[str, HadoopPath]) -> str:
     return f"{min(present)}..{max(present)}" if present else "none"
 
 

@@ -268,17 +268,25 @@ def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_to
 
 @pytest.mark.integration
 def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(spark, tmp_path):
-    """docs/flows.md's nightly setup: each night a day of logs lands, the model trains on the last two
-    days, starting from the champion; a rerun does nothing; a lost day cache is rebuilt alone."""
+    """docs/flows.md's nightly setup: each night a day of logs lands under a log root given as a URI
+    (`file://`: listed and fingerprinted through the Hadoop FileSystem, as `hdfs://` or `s3a://` would
+    be), the model trains on the last two days, starting from the champion; a rerun does nothing; a
+    lost day cache is rebuilt alone."""
     import mlflow
 
+    from jobs.catalogue import DEFAULT_CATALOGUE
     from modeling.checkpoint import read_checkpoint
 
-    work = tmp_path / "w"
-    nightly = ["--window-days", "2", "--impressions", "3_000", "--workers", "1", "--no-index", "--no-analyze"]
+    work, root = tmp_path / "w", tmp_path / "logs"
+    nightly = ["--window-days", "2", "--logs", root.as_uri(), "--judgments", str(DEFAULT_CATALOGUE)]
+    nightly += ["--no-index", "--no-analyze", "evaluate.hybrid=false"]
+
+    def lands(day: str) -> None:
+        """The day's logs arrive, as a log shipper writes them (`dssm simulate --day`)."""
+        assert main(["simulate", "--out", str(root), "--day", day, "--impressions", "3_000", "--workers", "1"]) == 0
 
     def night(day: str) -> tuple[dict[str, dict], dict]:
-        assert main(["run", "--workdir", str(work), "--run-date", day, *nightly, "evaluate.hybrid=false"]) == 0
+        assert main(["run", "--workdir", str(work), "--run-date", day, *nightly]) == 0
         summary = json.loads((work / "report.json").read_text())
         return {s["stage"]: s for s in summary["pipeline"]["stages"]}, summary
 
@@ -289,16 +297,17 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
         return list(json.loads((work / "warm-start" / "decisions.json").read_text()).values())
 
     # night 1: the first day's logs, a model from scratch, the first champion
+    lands("2026-01-01")
     stages, summary = night("2026-01-01")
-    assert stages["simulate"]["path"] == str(work / "logs" / "dt=2026-01-01")
+    assert "simulate" not in stages and stages["clean"]["path"] == str(work / "clean")
     assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 1)
     assert decisions() == [{"init_from": None, "why": "no champion yet"}]
     assert summary["gate"][0]["promoted"] and summary["gate"][0]["version"] == "1"
     day1 = day_cache("2026-01-01").stat().st_mtime_ns
 
     # night 2: day 2 lands and is the only day parsed; the model trains on both, from champion v1
+    lands("2026-01-02")
     stages, summary = night("2026-01-02")
-    assert stages["simulate"]["path"] == str(work / "logs" / "dt=2026-01-02") and not stages["simulate"]["skipped"]
     assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (2, 1)
     assert day_cache("2026-01-01").stat().st_mtime_ns == day1
     window = json.loads((work / "clean" / "manifest.json").read_text())
@@ -330,6 +339,7 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     assert [stage for stage, s in stages.items() if not s["skipped"]] == ["clean"]
 
     # night 3: the window slides: day 3 parsed, day 1 left behind
+    lands("2026-01-03")
     stages, summary = night("2026-01-03")
     window = json.loads((work / "clean" / "manifest.json").read_text())
     assert list(window["window"]["days"]) == ["2026-01-02", "2026-01-03"] and window["counts"]["days"] == 2

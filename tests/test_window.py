@@ -1,15 +1,18 @@
 """A window over date-partitioned logs (jobs/window.py): days without logs and partitions that
-cannot be read are left out and listed, not fatal."""
+cannot be read are left out and listed, not fatal; partitions are listed and fingerprinted on the
+log root's Hadoop file system (jobs/hadoopfs.py), a `file://` URI here."""
 
 import logging
+import os
 import shutil
 
 import pytest
 
 from core.errors import DssmError
 from jobs.clean import CleanConfig
+from jobs.hadoopfs import HadoopPath, fingerprint
 from jobs.simulate import SimulationConfig, simulate
-from jobs.window import clean_window, window_dates
+from jobs.window import clean_window, day_logs, partitions, window_dates
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def test_an_empty_day_is_a_day_without_logs_and_bad_partition_names_are_listed(s
     dates = window_dates("2026-01-04", 4)
 
     with caplog.at_level(logging.WARNING, logger="jobs.window"):
-        m = clean_window(spark, root, dates, days, out, CleanConfig())
+        m = clean_window(spark, root.as_uri(), dates, days, out, CleanConfig())
     window = m["window"]
     assert list(window["days"]) == ["2026-01-01", "2026-01-03"] and m["counts"]["days"] == 2
     assert window["missing"] == ["2026-01-02", "2026-01-04"]
@@ -53,14 +56,14 @@ def test_an_empty_day_is_a_day_without_logs_and_bad_partition_names_are_listed(s
 
     # a day of only empty files is a day without logs too; the manifest follows what changed
     (root / "dt=2026-01-02" / "part-00000.jsonl").write_text("")
-    m = clean_window(spark, root, dates, days, out, CleanConfig())
+    m = clean_window(spark, root.as_uri(), dates, days, out, CleanConfig())
     assert m["window"]["why_missing"]["2026-01-02"] == "dt=2026-01-02 holds only empty files"
     assert m["counts"]["days_cleaned"] == 0  # the two days with logs were cached
 
     # the empty day's logs land: it is cleaned and summed in, alone
     shutil.rmtree(root / "dt=2026-01-02")
     shutil.copytree(root / "dt=2026-01-01", root / "dt=2026-01-02")
-    m = clean_window(spark, root, dates, days, out, CleanConfig())
+    m = clean_window(spark, root.as_uri(), dates, days, out, CleanConfig())
     assert list(m["window"]["days"]) == ["2026-01-01", "2026-01-02", "2026-01-03"]
     assert m["window"]["missing"] == ["2026-01-04"] and m["counts"]["days_cleaned"] == 1
 
@@ -72,3 +75,41 @@ def test_a_window_without_any_logs_names_each_day_and_why(spark, tmp_path):
     with pytest.raises(DssmError, match=message):
         clean_window(spark, root, window_dates("2026-01-02", 2), tmp_path / "days", tmp_path / "clean", CleanConfig())
     assert not (tmp_path / "clean").exists()
+
+
+def test_partitions_are_listed_and_fingerprinted_alike_by_relative_path_and_file_uri(spark, log_root, tmp_path):
+    """The window's listing and fingerprints go through the Hadoop FileSystem, so a relative path (qualified
+    against the working directory, as Spark qualifies it) and a `file://` URI name the same files; a
+    fingerprint holds while a partition is untouched and moves when a file is rewritten."""
+    root = tmp_path / "logs"
+    shutil.copytree(log_root, root)
+    by_uri, bad = partitions(spark, root.as_uri())
+    by_relative, _ = partitions(spark, os.path.relpath(root))
+    assert list(by_uri) == list(by_relative) == ["2026-01-01", "2026-01-03"] and bad == {}
+
+    def listed(partition: HadoopPath) -> tuple[str, list[str], str]:
+        logs, files = day_logs(partition)
+        return logs.qualified, [f.name for f in files], fingerprint(files)
+
+    day = listed(by_uri["2026-01-01"])
+    assert listed(by_relative["2026-01-01"]) == day
+    assert day[0] == f"file:{root}/dt=2026-01-01/logs"  # a simulate output's logs/, qualified
+    assert day[1] == sorted(p.name for p in (root / "dt=2026-01-01" / "logs").iterdir())  # no manifest, no test pairs
+    assert listed(by_uri["2026-01-03"])[2] != day[2]
+    assert listed(partitions(spark, root.as_uri())[0]["2026-01-01"]) == day  # listed again, unchanged
+
+    # rewritten with other bytes of the same length, later: the new modification time tells
+    part = root / "dt=2026-01-01" / "logs" / day[1][0]
+    before = part.stat()
+    data = part.read_bytes()
+    part.write_bytes(data[::-1])
+    os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    assert part.stat().st_size == before.st_size and listed(by_uri["2026-01-01"])[2] != day[2]
+
+
+def test_a_log_root_that_is_not_there_is_a_clear_error(spark, tmp_path):
+    with pytest.raises(DssmError, match=r"log root not found: file:.*/nowhere \(expected dt=YYYY-MM-DD partitions"):
+        partitions(spark, (tmp_path / "nowhere").as_uri())
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DssmError, match="log root is not a directory"):
+        partitions(spark, str(tmp_path / "file"))
