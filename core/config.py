@@ -22,14 +22,15 @@ T = TypeVar("T")
 
 
 def _yaml_flow(value: Any) -> Any:
-    """`[a, b]` typed on a command line, read as a YAML flow sequence of strings (each item is then
-    converted to the field's type, so `[yes, no]` stays two strings for a list[str]); anything else as it is."""
-    if isinstance(value, str) and value.strip().startswith("["):
+    """`[a, b]` or `{a: b}` typed on a command line, read as a YAML flow sequence or mapping of strings
+    (each item is then converted to the field's type, so `[yes, no]` stays two strings for a
+    list[str]); anything else as it is."""
+    if isinstance(value, str) and value.strip().startswith(("[", "{")):
         try:
             items = yaml.load(value, Loader=yaml.BaseLoader)  # noqa: S506 (BaseLoader builds only str, list, dict)
         except yaml.YAMLError as e:
             raise ValueError(value) from e
-        if not isinstance(items, list):
+        if not isinstance(items, list | dict):
             raise ValueError(value)
         return items
     return value
@@ -61,8 +62,22 @@ def convert(value: Any, hint: Any, key: str) -> Any:
             return float(value)
         if hint is str:
             return str(value)
-        if origin in (tuple, list):
+        if origin in (tuple, list, dict):
             value = _yaml_flow(value)
+        if origin is dict:  # a YAML mapping, `{a: b}` or `a=b,c=d`
+            kinds = typing.get_args(hint)
+            if isinstance(value, dict):
+                pairs = list(value.items())
+            else:
+                pairs = [tuple(p.split("=", 1)) for p in str(value).split(",") if p.strip()]
+                if any(len(p) != 2 for p in pairs):
+                    raise ValueError(value)
+            return {
+                convert(k.strip() if isinstance(k, str) else k, kinds[0], key): convert(
+                    v.strip() if isinstance(v, str) else v, kinds[1], key
+                )
+                for k, v in pairs
+            }
         if origin is tuple:
             kinds = typing.get_args(hint)
             items = value if isinstance(value, list | tuple) else str(value).strip("()[]").split(",")

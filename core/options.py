@@ -66,6 +66,8 @@ def _shown(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, list | tuple):
         return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, str):
         return value or '""'
     return str(value)
@@ -77,6 +79,7 @@ def _choices(hint: Any) -> tuple[Any, ...] | None:
 
 def converter(hint: Any, key: str):
     """An argparse `type=` that reads a flag's text as `hint` (core.config.convert), errors as argparse's."""
+
     def to_value(text: str) -> Any:
         try:
             return convert(text, hint, key)

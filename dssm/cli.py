@@ -37,7 +37,8 @@ COMMANDS: dict[str, Command] = {
     "clean": Command(
         "jobs.clean",
         "raw logs -> clicked pairs, title pool, impressions, rejects (Spark)",
-        "Parse and validate raw logs, quarantine malformed lines with a reason, drop duplicates, empty queries and "
+        "Parse and validate raw logs (JSON lines, or a Parquet table of impression rows or result rows; "
+        "docs/raw-log-format.md), quarantine malformed lines with a reason, drop duplicates, empty queries and "
         "bots, count clicks per (query, title), and keep each impression's shown titles, clicks and dwell.",
     ),
     "propensity": Command(

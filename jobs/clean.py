@@ -25,9 +25,9 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -55,6 +55,10 @@ class CleanConfig:
     impressions: bool = True
     # v2 logs: the catalogue side table (Parquet: doc_id, title); empty: a simulate output's own, if any
     catalogue: str = ""
+    # json (JSON lines) or parquet (a Parquet table); auto: what the input's files are (remote: by the path's suffix)
+    input_format: Literal["auto", "json", "parquet"] = "auto"
+    # Parquet input: the table's column for a field, where its name differs, e.g. query=search_terms,ts=event_time
+    columns: dict[str, str] = field(default_factory=dict)
 
 
 def log_dir(path: Path) -> Path:
@@ -103,6 +107,21 @@ def parse(raw: DataFrame, doc_ids: dict[str, int] | None = None) -> DataFrame:
         return numbered.mapInArrow(parse_batches, from_arrow_schema(PARSED))
     shared = raw.sparkSession.sparkContext.broadcast(doc_ids)
     return numbered.mapInArrow(lambda batches: parse_batches(batches, shared.value), from_arrow_schema(PARSED))
+
+
+def read_input(
+    spark: SparkSession, source: str, cfg: CleanConfig, doc_ids: dict[str, int] | None
+) -> tuple[DataFrame, dict[str, Any]]:
+    """The input's rows as PARSED rows, JSON lines or a Parquet table (jobs/parquetlog.py), and what
+    was read ({format, and for a table its shape})."""
+    from jobs.parquetlog import input_format, parse_table
+
+    if input_format(source, cfg.input_format) == "parquet":
+        return parse_table(spark, source, cfg.columns, doc_ids)
+    if cfg.columns:
+        raise DssmError(f"clean.columns maps a Parquet table's columns, but {source} is read as JSON lines")
+    raw = spark.read.option("recursiveFileLookup", "true").text(source)
+    return parse(raw, doc_ids), {"format": "json"}
 
 
 def resolve_catalogue(input_path: str, cfg: CleanConfig) -> Path | None:
@@ -223,8 +242,10 @@ def clean(
         with timed("parse and validate"):
             try:
                 catalogue = read_catalogue(catalogue_path) if catalogue_path else None
-                raw = spark.read.option("recursiveFileLookup", "true").text(source)
-                parse(raw, catalogue.ids if catalogue else None).write.parquet(str(scratch))
+                parsed_input, read_info = read_input(spark, source, cfg, catalogue.ids if catalogue else None)
+                parsed_input.write.parquet(str(scratch))
+            except DssmError:
+                raise
             except Exception:
                 damaged = damaged_input(spark, source)
                 if damaged:  # Spark's own message names no file
@@ -315,7 +336,9 @@ def clean(
                 "pairs": n_pairs,
                 "queries": queries,
                 "titles": n_titles,
+                **({"rows_read": read_info["rows_read"]} if "rows_read" in read_info else {}),
             },
+            "input": read_info,
             "outputs": {
                 "pairs": "pairs/",
                 "titles": "titles/",
@@ -382,7 +405,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from core.options import add_config_options
     from jobs.spark import add_spark_options
 
-    p.add_argument("--input", required=True, help="raw log file, directory, glob or a `dssm simulate` output")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="raw log file, directory, glob or a `dssm simulate` output: JSON lines, or a Parquet table (a file, a "
+        "directory, dt=YYYY-MM-DD partitions; impression rows or result rows, docs/raw-log-format.md)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     add_spark_options(p)
     add_config_options(p.add_argument_group("rules and outputs"), CleanConfig)
@@ -396,7 +424,14 @@ def command(args: argparse.Namespace) -> None:
     cfg = config_from_options(CleanConfig, args)
     m = clean(LazySpark(args.master, "dssm-clean"), args.input, args.out, cfg, args.force)
     c = m["counts"]
+    read = (
+        f"{c['lines_read']:,} lines"
+        if m.get("input", {}).get("format") != "parquet"
+        else f"{c['lines_read']:,} impressions"
+    )
+    if "rows_read" in c:
+        read += f" ({c['rows_read']:,} result rows)"
     print(
-        f"read {c['lines_read']:,} lines = kept {c['kept']:,} + rejected {c['rejected']:,}; "
+        f"read {read} = kept {c['kept']:,} + rejected {c['rejected']:,}; "
         f"{c['pairs']:,} clicked pairs, {c['titles']:,} titles -> {args.out}"
     )

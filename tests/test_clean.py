@@ -2,6 +2,7 @@ import gzip
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -266,3 +267,118 @@ def test_impressions_keep_every_kept_line_in_rank_order_and_add_up_to_the_title_
     titles = pq.read_table(pipeline["clean"] / "titles")
     assert sum(len(r["titles"]) for r in rows) == sum(titles.column("impressions").to_pylist())
     assert sum(sum(r["clicked"]) for r in rows) == sum(titles.column("clicks").to_pylist())
+
+
+def _bad_records(record: dict) -> list[dict]:
+    """A well-formed v2 record broken in the ways a Parquet row can be (docs/raw-log-format.md)."""
+    import copy
+
+    def broken(name: str, **changes) -> dict:
+        r = copy.deepcopy(record) | {"impression_id": f"bad-{name}"} | changes
+        return {k: v for k, v in r.items() if v != "<absent>"}
+
+    shown = record["results"]
+    first = shown[0]
+    return [
+        broken("no-ts", ts=None),  # missing_field
+        broken("no-query", query="<absent>"),  # missing_field
+        broken("ts", ts="yesterday"),  # bad_value (text timestamps only)
+        broken("local-ts", ts="2026-01-01T00:00:05"),  # kept: local time, as in JSON
+        broken("v3", v=3),  # unsupported_version (impression rows only)
+        broken("pos0", results=[first | {"position": 0}], clicks=[]),  # bad_value
+        broken("big", results=[first | {"position": 2**31}], clicks=[]),  # bad_value
+        broken("twice", results=[first, first], clicks=[]),  # bad_value: a repeated position
+        broken("unshown", clicks=[{"position": 99}]),  # bad_value (impression rows only)
+        broken("dwell", clicks=[{"position": first["position"], "dwell_ms": -5}]),  # bad_value
+        broken("no-pos", results=[{"doc_id": first["doc_id"]}], clicks=[]),  # wrong_type
+        broken("none", results=[]),  # bad_value (impression rows only)
+        broken("doc", results=[first | {"doc_id": "d000000000000"}], clicks=[]),  # unknown_doc
+    ]
+
+
+def _outputs(path) -> dict:
+    """What a clean output holds, source files and `raw` left out (their bytes differ by format)."""
+    impressions = sorted(pq.read_table(path / "impressions").to_pylist(), key=lambda r: r["impression_id"])
+    rejects = pq.read_table(path / "rejects").to_pylist()
+    return {
+        "pairs": pq.read_table(path / "pairs"),
+        "titles": pq.read_table(path / "titles"),
+        "impressions": impressions,
+        "rejects": sorted((r["reason"], r["detail"] or "", r["impression_id"] or "") for r in rejects),
+        "counts": {k: v for k, v in read_manifest(path)["counts"].items() if k != "rows_read"},
+    }
+
+
+def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spark, tmp_path, v2_log):
+    """The same log as JSON lines and as a Parquet table (impression rows read through `dssm run`'s
+    config with renamed columns; result rows under dt= partitions) gives the same pairs, titles,
+    impressions and rejects; a bad row gets the reason a JSON line gets, `raw` holds the row."""
+    import pyarrow as pa
+
+    from core.layout import Layout
+    from flows.config import load_run_config
+    from flows.stages import RunContext, clean_stage
+    from jobs.parquetlog import twin
+
+    lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
+    first = json.loads(lines[0])
+    lines += [json.dumps(r).encode() for r in _bad_records(first)]
+    catalogue = str(v2_log / "catalogue.parquet")
+    cfg = CleanConfig(catalogue=catalogue)
+
+    def json_clean(name, kept):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.jsonl").write_bytes(b"\n".join(kept) + b"\n")
+        clean(spark, str(tmp_path / name), tmp_path / f"clean-{name}", cfg)
+        return _outputs(tmp_path / f"clean-{name}")
+
+    # impression rows, text timestamps, columns renamed (a nested field too), read as the flow reads --logs
+    table, kept = twin(iter(lines), "impression_rows", ts="string")
+    assert 0 < len(lines) - len(kept) < 20  # the simulator's malformed JSON: no table holds it
+    results = table.column("results").combine_chunks()
+    entries = results.values
+    renamed = pa.StructArray.from_arrays(
+        [entries.field("position"), entries.field("doc_id"), entries.field("title")],
+        names=["position", "product_id", "title"],
+    )
+    table = table.rename_columns(["v", "impression_id", "event_time", "user_id", "search_terms", "shown", "clicks"])
+    table = table.set_column(5, "shown", pa.ListArray.from_arrays(results.offsets, renamed))
+    (tmp_path / "rows").mkdir()
+    pq.write_table(table.slice(0, 1000), tmp_path / "rows" / "a.parquet")
+    pq.write_table(table.slice(1000), tmp_path / "rows" / "b.parquet")
+    run = load_run_config(
+        overrides=[
+            f"workdir={tmp_path / 'run'}",
+            f"logs={tmp_path / 'rows'}",
+            f"clean.catalogue={catalogue}",
+            "clean.columns={ts: event_time, query: search_terms, results: shown, results.doc_id: product_id}",
+        ]
+    )
+    stage = clean_stage(RunContext(run, Layout(tmp_path / "run"), None, "", None, [], 1), None)
+    parquet = _outputs(Path(stage.path))
+    reference = json_clean("json-rows", kept)
+    assert parquet == reference
+    reasons = reference["counts"]["rejected_by_reason"]
+    assert {"missing_field", "bad_value", "wrong_type", "unsupported_version", "unknown_doc"} <= set(reasons)
+    raw = [json.loads(r["raw"]) for r in pq.read_table(Path(stage.path) / "rejects").to_pylist() if r["raw"]]
+    (v3,) = [r for r in raw if r["impression_id"] == "bad-v3"]
+    assert v3["v"] == 3 and v3["search_terms"] == first["query"] and v3["shown"][0]["product_id"]
+    assert read_manifest(Path(stage.path))["input"] == {"format": "parquet", "shape": "impression_rows"}
+
+    # result rows, timestamps typed, in dt= partitions; one impression whose rows disagree on the query
+    table, kept = twin(iter(lines), "result_rows")
+    ids = table.column("impression_id").to_pylist()
+    cut = ids.index(ids[len(ids) // 2])
+    for day, part in (("2026-01-01", table.slice(0, cut)), ("2026-01-02", table.slice(cut))):
+        (tmp_path / "results" / f"dt={day}").mkdir(parents=True)
+        pq.write_table(part, tmp_path / "results" / f"dt={day}" / "part-0.parquet")
+    m = clean(spark, str(tmp_path / "results"), tmp_path / "clean-results", cfg)
+    assert m["counts"]["rows_read"] == table.num_rows and m["input"]["shape"] == "result_rows"
+    assert _outputs(tmp_path / "clean-results") == json_clean("json-results", kept)
+
+    # a directory of both formats is refused, naming one file of each
+    shutil.copy(tmp_path / "json-rows" / "log.jsonl", tmp_path / "rows")
+    with pytest.raises(
+        DssmError, match=r"mixes Parquet and other files: 2 Parquet .* and 1 others \(e.g. .*log.jsonl\)"
+    ):
+        clean(spark, str(tmp_path / "rows"), tmp_path / "clean-mixed", cfg)

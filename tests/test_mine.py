@@ -54,9 +54,10 @@ def test_bm25_mining_replaces_the_asked_share_with_ranked_titles_never_clicked_f
         window = {titles[i] for i in bm25.search(new["query"], 30)[0][1:]}
         hard = [t for t in new["negatives"] if t not in old["negatives"]]
         assert len(hard) <= 2 and set(hard) <= window and not set(new["negatives"]) & was_clicked[new["query"]]
-        assert len(set(new["negatives"])) == 4 and new["negatives"][len(hard) :] == [
-            t for t in old["negatives"] if t not in hard
-        ][: 4 - len(hard)]
+        assert (
+            len(set(new["negatives"])) == 4
+            and new["negatives"][len(hard) :] == [t for t in old["negatives"] if t not in hard][: 4 - len(hard)]
+        )
         mined += len(hard)
     assert mined == manifest["counts"]["mined_negatives"] > len(before)  # most rows got two
     # a `dssm negatives` output for the trainer; mining is a pure function of its inputs

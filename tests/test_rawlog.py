@@ -261,3 +261,49 @@ def test_a_catalogue_with_doc_ids_of_mixed_lengths_is_parsed_by_parse_line_alone
     ]
     python, vectorised, taken = both_paths(lines, catalogue)
     assert vectorised.equals(python) and not taken and python.column("reason").null_count == 2
+
+
+def test_result_rows_that_disagree_on_the_query_are_one_bad_impression_with_its_rows_as_raw():
+    """Result rows of one impression id are one impression: rows that differ in ts, user_id or query
+    cannot be one, so it is quarantined as bad_value with every row in `raw`; the rest are parsed
+    exactly as their JSON lines are (no Spark: the Arrow batches of mapInArrow, batch boundaries
+    inside an impression included)."""
+    import json
+
+    import pyarrow as pa
+
+    from jobs.parquetlog import _Context, column_names, result_batches, twin
+
+    lines = [
+        json.dumps(
+            {
+                "v": 1,
+                "impression_id": f"i{n}",
+                "ts": f"2026-01-01T00:00:0{n}Z",
+                "user_id": "u",
+                "query": f"Q {n}",
+                "results": [{"position": p, "title": f"T {p}"} for p in (1, 2, 3)],
+                "clicks": [{"position": 2}],
+            }
+        ).encode()
+        for n in range(3)
+    ]
+    table, _ = twin(iter(lines), "result_rows")
+    rows = table.to_pylist()
+    rows[4]["query"] = "another"  # i1's second row
+    table = pa.Table.from_pylist(rows, schema=table.schema)
+    table = table.add_column(0, "line", pa.array(range(len(rows)), pa.int64()))
+    table = table.add_column(0, "source", pa.array(["f"] * len(rows)))
+    batches = table.to_batches(max_chunksize=4)  # an impression split across two batches
+    ctx = _Context(column_names({}), 1, "result_rows")
+    parsed = pa.Table.from_batches(list(result_batches(iter(batches), ctx, None))).to_pylist()
+    assert sorted(r["line"] for r in parsed) == [0, 3, 6]
+    kept = {r["impression_id"]: r for r in parsed if r["reason"] is None}
+    assert sorted(kept) == ["i0", "i2"]
+    assert (
+        kept["i2"]["query"] == "q 2" and kept["i2"]["titles"] == ["t 1", "t 2", "t 3"] and kept["i2"]["clicked"] == [2]
+    )
+    assert kept["i2"]["dwell"] == [0]  # a null dwell_ms: not logged, as an absent one in JSON
+    (bad,) = [r for r in parsed if r["reason"]]
+    assert (bad["reason"], bad["detail"]) == ("bad_value", "the rows of impression i1 differ in query")
+    assert [r["query"] for r in json.loads(bad["raw"])] == ["Q 1", "another", "Q 1"]
