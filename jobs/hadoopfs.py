@@ -41,11 +41,11 @@ def hidden(name: str) -> bool:
 class HadoopPath:
     """A path on the Hadoop FileSystem its scheme names (none: Hadoop's default file system)."""
 
-    def __init__(self, spark: Any, uri: str, _parent: HadoopPath | None = None):
+    def __init__(self, spark: Any, uri: str, _parent: HadoopPath | None = None, _child: str = ""):
         self.uri = uri  # as given: what messages and manifests show
         if _parent is not None:
             self._jvm, self._fs = _parent._jvm, _parent._fs
-            self._path = self._jvm.org.apache.hadoop.fs.Path(_parent._path, uri.rsplit("/", 1)[-1])
+            self._path = self._jvm.org.apache.hadoop.fs.Path(_parent._path, _child)
             return
         self._jvm = spark._jvm
         path = self._jvm.org.apache.hadoop.fs.Path(uri)
@@ -53,7 +53,8 @@ class HadoopPath:
         self._path = self._fs.makeQualified(path)
 
     def __truediv__(self, name: str) -> HadoopPath:
-        return HadoopPath(None, f"{self.uri.rstrip('/')}/{name}", self)
+        """The file or directory `name` (relative, `/`-separated: any depth) under this one."""
+        return HadoopPath(None, f"{self.uri.rstrip('/')}/{name}", self, name)
 
     def __str__(self) -> str:
         return self.uri
@@ -91,6 +92,15 @@ class HadoopPath:
     def children(self) -> list[tuple[str, bool]]:
         """(name, is a directory) of each entry of this directory, by name."""
         return sorted((s.getPath().getName(), s.isDirectory()) for s in self._fs.listStatus(self._path))
+
+    def head(self, n: int) -> bytes:
+        """The file's first `n` bytes (fewer if it is shorter): a magic number."""
+        stream = self._fs.open(self._path)
+        try:
+            read = (stream.read() for _ in range(n))
+            return bytes(b for b in read if b >= 0)
+        finally:
+            stream.close()
 
     def read_text(self) -> str:
         """A small file's text (a manifest), read in the JVM."""

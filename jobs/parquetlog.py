@@ -40,29 +40,25 @@ _TS_STRING = f"^{_TS[1:-1]}$"  # the timestamps fastparse's integer arithmetic r
 _MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999  # years 1..9999, what parse_line can read
 
 
-def is_parquet(path: Path) -> bool:
-    if path.suffix == ".parquet":
-        return True
-    with open(path, "rb") as handle:
-        return handle.read(4) == MAGIC
-
-
-def input_format(source: str, option: str) -> str:
+def input_format(spark, source: str, option: str) -> str:
     """'json' or 'parquet': `option` unless it is 'auto', else what the files are (a `.parquet`
-    suffix or Parquet's magic bytes). A local input mixing both is an error; a remote or glob
-    input is Parquet only when its path ends in `.parquet` (else name it with input_format)."""
+    suffix or Parquet's magic bytes), listed through Hadoop's FileSystem as Spark will read them
+    (a local path, `file://`, `hdfs://`, `s3a://`). An input mixing both is an error; a glob is
+    Parquet only when it ends in `.parquet` (else name the format with input_format)."""
     if option != "auto":
         return option
-    if "://" in source or any(ch in source for ch in "*?["):
+    if any(ch in source for ch in "*?["):
         return "parquet" if source.rstrip("/").endswith(".parquet") else "json"
-    from core.artifacts import data_files
+    from jobs.hadoopfs import HadoopPath
 
-    files = data_files(Path(source))
-    tables = [f for f in files if is_parquet(f)]
+    root = HadoopPath(spark, source)
+    single = root.is_file()
+    names = [f.name for f in root.files()]
+    tables = [n for n in names if n.endswith(".parquet") or (root if single else root / n).head(4) == MAGIC]
     if not tables:
         return "json"
-    if len(tables) < len(files):
-        others = [f for f in files if f not in set(tables)]
+    if len(tables) < len(names):
+        others = sorted(set(names) - set(tables))
         raise DssmError(
             f"{source} mixes Parquet and other files: {len(tables)} Parquet (e.g. {tables[0]}) and "
             f"{len(others)} others (e.g. {others[0]}); an input is JSON lines or Parquet, not both"
@@ -160,9 +156,12 @@ def parse_table(spark, source: str, columns: dict[str, str], doc_ids: dict[str, 
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.utils import AnalysisException
 
-    from core.artifacts import data_files
+    from jobs.hadoopfs import HadoopPath
 
-    paths = [str(p) for p in data_files(Path(source))] if "://" not in source else [source]
+    # The data files alone, listed as the window lists them: a directory may hold a manifest.
+    root = HadoopPath(spark, source)
+    glob = any(ch in source for ch in "*?[")
+    paths = [source] if glob or root.is_file() else [(root / f.name).qualified for f in root.files()]
     try:
         table = spark.read.option("mergeSchema", "true").option("recursiveFileLookup", "true").parquet(*paths)
     except AnalysisException as e:  # e.g. two files disagree on a column's type

@@ -311,7 +311,7 @@ def _outputs(path) -> dict:
 
 def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spark, tmp_path, v2_log):
     """The same log as JSON lines and as a Parquet table (impression rows read through `dssm run`'s
-    config with renamed columns; result rows under dt= partitions) gives the same pairs, titles,
+    config with renamed columns; result rows under dt= partitions, by a file:// URI) gives the same pairs, titles,
     impressions and rejects; a bad row gets the reason a JSON line gets, `raw` holds the row."""
     import pyarrow as pa
 
@@ -372,7 +372,8 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
     for day, part in (("2026-01-01", table.slice(0, cut)), ("2026-01-02", table.slice(cut))):
         (tmp_path / "results" / f"dt={day}").mkdir(parents=True)
         pq.write_table(part, tmp_path / "results" / f"dt={day}" / "part-0.parquet")
-    m = clean(spark, str(tmp_path / "results"), tmp_path / "clean-results", cfg)
+    # as a file:// URI, which is how a windowed run hands each day's partition over
+    m = clean(spark, (tmp_path / "results").as_uri(), tmp_path / "clean-results", cfg)
     assert m["counts"]["rows_read"] == table.num_rows and m["input"]["shape"] == "result_rows"
     assert _outputs(tmp_path / "clean-results") == json_clean("json-results", kept)
 
