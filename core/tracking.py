@@ -80,8 +80,8 @@ def use_store(tracking_uri: str) -> None:
     mlflow.set_tracking_uri(tracking_uri)
 
 
-# MLflow 3's UI opens an experiment on the GenAI traces overview unless its kind says it holds model
-# runs; dssm's experiments are runs to compare.
+# dssm's experiments hold model runs to compare, not GenAI traces. (MLflow 3.17's UI opens in its GenAI
+# mode regardless until the browser switches to "Model training": docs/evaluation.md.)
 EXPERIMENT_KIND, RUNS_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
