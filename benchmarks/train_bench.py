@@ -1,7 +1,7 @@
 """Training throughput: examples per second (1 query + 1 clicked title + n negatives each).
 
 Each configuration runs `dssm train` as a user would (with `--nproc N` for DDP), for `--steps`
-updates on a pipeline work dir's negatives; the rate is the mean of the MLflow `examples_per_s`
+updates on a pipeline work dir's negatives; the rate is the mean of the MLflow `train_examples_per_s`
 windows after the first (which holds start-up and warm-up). `--vocab-size` pads the trigram
 vocabulary with unused ids so the embedding tables (and their dense gradients) have that size.
 
@@ -118,7 +118,7 @@ def run(label: str, nproc: int, args: argparse.Namespace, vocab: Path, scratch: 
             max_results=1,
         )
         run_id = runs[0].info.run_id
-    rates = [m.value for m in sorted(client.get_metric_history(run_id, "examples_per_s"), key=lambda m: m.step)]
+    rates = [m.value for m in sorted(client.get_metric_history(run_id, "train_examples_per_s"), key=lambda m: m.step)]
     steady = rates[1:] or rates
     sent = [m.value for m in client.get_metric_history(run_id, "sent_bytes_per_example")]
     return {

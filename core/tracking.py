@@ -80,8 +80,8 @@ def use_store(tracking_uri: str) -> None:
     mlflow.set_tracking_uri(tracking_uri)
 
 
-# MLflow 3's UI opens an experiment on the GenAI traces overview unless its kind says it holds model
-# runs; dssm's experiments are runs to compare.
+# dssm's experiments hold model runs to compare, not GenAI traces. (MLflow 3.17's UI opens in its GenAI
+# mode regardless until the browser switches to "Model training": docs/evaluation.md.)
 EXPERIMENT_KIND, RUNS_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
@@ -112,6 +112,39 @@ def experiment_id(tracking_uri: str, name: str) -> str:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             return mlflow.get_experiment_by_name(name).experiment_id
+
+
+# A flow run's parent MLflow run: each stage's runs are nested under it (tag `mlflow.parentRunId`).
+# The training run is made in another process (torchrun's rank 0), so the id travels in the environment.
+PARENT_RUN_ENV = "DSSM_MLFLOW_PARENT_RUN_ID"
+PARENT_TAG = "mlflow.parentRunId"  # mlflow.utils.mlflow_tags.MLFLOW_PARENT_RUN_ID, what the UI nests by
+
+
+def parent_run_id() -> str | None:
+    """The parent run the runs made now go under (`nested_under`); None outside a flow run."""
+    return os.environ.get(PARENT_RUN_ENV) or None
+
+
+def parent_tags(parent: str | None) -> dict[str, str]:
+    """The tags that nest a new run under `parent` (none without one)."""
+    return {PARENT_TAG: parent} if parent else {}
+
+
+@contextmanager
+def nested_under(parent: str | None) -> Iterator[None]:
+    """Runs made inside the block, in this process or in the processes it starts, go under `parent`."""
+    before = os.environ.get(PARENT_RUN_ENV)
+    if parent:
+        os.environ[PARENT_RUN_ENV] = parent
+    else:
+        os.environ.pop(PARENT_RUN_ENV, None)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_RUN_ENV, None)
+        else:
+            os.environ[PARENT_RUN_ENV] = before
 
 
 # Read once, at import: mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ, so

@@ -16,7 +16,7 @@ from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.judgments import JudgedSet
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
-from core.tracking import default_tracking_uri, experiment_id, log_datasets, use_store
+from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags, use_store
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -217,12 +217,14 @@ def _start_runs(
     retrieval: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
-    set; for a hybrid also the dev queries its weight was fit on); returns run ids by system."""
+    set; for a hybrid also the dev queries its weight was fit on), nested under the flow run's parent
+    run inside a flow; returns run ids by system."""
     client = mlflow_client(uri)
     exp = experiment_id(uri, experiment)
+    nested = parent_tags(parent_run_id())
     ids = {}
     for system, result in zip(systems, results, strict=True):
-        run = client.create_run(exp, run_name=system.name, tags=_tags(eval_set, system))
+        run = client.create_run(exp, run_name=system.name, tags=_tags(eval_set, system) | nested)
         ids[system.name] = run.info.run_id
         log_datasets(uri, run.info.run_id, datasets if system.kind == "hybrid" else datasets[:1])
         for key, value in list(system.params.items())[:100]:
@@ -231,9 +233,33 @@ def _start_runs(
         metrics |= {"mrr": result.mean("rr"), "map": result.mean("ap"), "eval_queries": len(eval_set.queries)}
         measured = (retrieval or {}).get("systems", {}).get(system.name, {})
         metrics |= {metric_key(f"retrieval_{m}"): measured[m] for m in RETRIEVAL_METRICS if m in measured}
+        metrics |= training_metrics(client, system.tags.get("train_run_id", ""))
         for key, value in metrics.items():
             client.log_metric(run.info.run_id, key, value)
     return ids
+
+
+TRAINING_METRICS = ("train_loss", "valid_loss", "train_examples_per_s")  # as the training run names them
+
+
+def training_metrics(client, train_run_id: str) -> dict[str, float]:
+    """A trained model's training numbers under the training run's names, for its evaluation runs:
+    compared beside NDCG in one view. Losses: the run's last values; throughput: the mean of its
+    logged windows after the first (warm-up). None when the training run is not in this store."""
+    from mlflow.exceptions import MlflowException
+
+    if not train_run_id:
+        return {}
+    try:
+        logged = client.get_run(train_run_id).data.metrics
+        rates = [
+            m.value for m in sorted(client.get_metric_history(train_run_id, TRAINING_METRICS[2]), key=lambda m: m.step)
+        ]
+    except MlflowException:
+        return {}
+    out = {k: logged[k] for k in TRAINING_METRICS[:2] if k in logged}
+    steady = rates[1:] or rates
+    return out | ({TRAINING_METRICS[2]: sum(steady) / len(steady)} if steady else {})
 
 
 def _finish_runs(

@@ -28,9 +28,10 @@ from prefect.runtime import flow_run
 from core.judgments import resolve_judged_set
 from core.layout import Layout
 from core.tracking import client as mlflow_client
-from core.tracking import default_tracking_uri
+from core.tracking import default_tracking_uri, nested_under
 from flows import stages
 from flows.config import RunConfig
+from flows.parent_run import close_parent, drop_if_empty, open_parent
 from flows.pipeline import PIPELINE, Stage, describe, planned, walk
 
 
@@ -68,27 +69,54 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     done: list[dict] = []
     bar = tqdm(total=planned(PIPELINE, ctx), desc="retrain", unit="stage", disable=None)
 
-    def finished(stage: Stage, out: stages.StageOutput | None) -> None:
-        bar.update(1)
-        if out is None:
-            return
-        done.append(out.to_dict())
-        state = "up to date, skipped" if out.skipped else f"done in {out.seconds:.1f}s"
-        logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
-
     with stages.exclusive(ctx.layout.workdir), bar:
-        outputs = walk(PIPELINE, ctx, finished, logger)
-        log_config(config, ctx.mlflow_uri, done)
-        if outputs.get("propensity"):
-            log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
-        if ctx.window:
-            log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
-        evaluated = outputs.get("evaluate")
-        report = None
-        if evaluated is not None:
-            report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
-            report |= {"skipped": True} if evaluated.skipped else {}
-        return write_summary(ctx.layout, config, done, report)
+        parent, new = open_parent(ctx.mlflow_uri, ctx.judged.name, ctx.layout.workdir, *flow_run_tags(ctx))
+
+        def finished(stage: Stage, out: stages.StageOutput | None) -> None:
+            bar.update(1)
+            if out is None:
+                return
+            done.append(out.to_dict())
+            state = "up to date, skipped" if out.skipped else f"done in {out.seconds:.1f}s"
+            logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
+            if out.stage in ("negatives", "mine"):  # what the models train on (mined rows when mining ran)
+                mlflow_client(ctx.mlflow_uri).set_tag(parent, "data_version", out.sha256)
+
+        try:
+            with nested_under(parent):
+                outputs = walk(PIPELINE, ctx, finished, logger)
+            log_config(config, ctx.mlflow_uri, done)
+            if outputs.get("propensity"):
+                log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
+            if ctx.window:
+                log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
+            evaluated = outputs.get("evaluate")
+            report = None
+            if evaluated is not None:
+                report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
+                report |= {"skipped": True} if evaluated.skipped else {}
+            kept = drop_if_empty(ctx.mlflow_uri, parent, new)
+            summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
+            if kept:
+                close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)
+            return summary
+        except BaseException as e:
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            try:  # the flow's own error is the one to report, not a second one on the way out
+                close_parent(ctx.mlflow_uri, parent, status)
+            except Exception as closing:
+                logger.warning("MLflow: could not mark parent run %s %s: %s", parent, status, closing)
+            raise
+
+
+def flow_run_tags(ctx: stages.RunContext) -> tuple[str, str, dict[str, str]]:
+    """This flow run's id, its parent run's name (`flow-NAME`, windowed: `flow-RUN_DATE-NAME`) and tags."""
+    name = flow_run.get_name() or "adhoc"
+    day = f"{ctx.window[-1]}-" if ctx.window else ""
+    tags = {"prefect.flow_run_name": name, "dataset": ctx.judged.name, "dataset_sha256": ctx.judged.sha256}
+    if ctx.window:
+        tags |= {"window": f"{ctx.window[0]}..{ctx.window[-1]}", "run_date": ctx.window[-1]}
+    return flow_run.get_id() or "", f"flow-{day}{name}", tags
 
 
 def training_runs(done: list[dict]) -> list[str]:
@@ -135,12 +163,14 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
         client.set_tag(run_id, "run_date", window[-1])
 
 
-def write_summary(layout: Layout, cfg: RunConfig, done: list[dict], report: dict | None) -> dict[str, Any]:
-    """WORKDIR/report.json: PROTOCOL.md §6's report, the resolved run config and the pipeline's stages,
-    written atomically."""
+def write_summary(
+    layout: Layout, cfg: RunConfig, done: list[dict], report: dict | None, parent: str | None = None
+) -> dict[str, Any]:
+    """WORKDIR/report.json: PROTOCOL.md §6's report, the resolved run config and the pipeline's stages
+    (with the flow run's id and its MLflow parent run's, None when no run was made), written atomically."""
     summary = dict(report or {})
     summary["config"] = cfg.to_dict()
-    summary["pipeline"] = {"flow_run_id": flow_run.get_id(), "stages": done}
+    summary["pipeline"] = {"flow_run_id": flow_run.get_id(), "mlflow_parent_run_id": parent, "stages": done}
     path = layout.report
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")

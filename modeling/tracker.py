@@ -1,10 +1,11 @@
-"""MLflow for a training run: rank 0 logs, every other rank holds a no-op tracker."""
+"""MLflow for a training run: rank 0 logs, every other rank holds a no-op tracker. Inside a flow run
+the run is nested under the flow's parent run (core.tracking.PARENT_RUN_ENV)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.tracking import experiment_id, log_datasets
+from core.tracking import PARENT_TAG, experiment_id, log_datasets, parent_run_id, parent_tags
 
 if TYPE_CHECKING:
     from modeling.config import TrainConfig
@@ -25,12 +26,16 @@ class Tracker:
         self.mlflow = mlflow
         name = cfg.run_name or f"{cfg.model.encoder}-seed{cfg.seed}"  # runs compared side by side say what they are
         experiment = experiment_id(cfg.mlflow_uri, cfg.experiment)
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment, run_name=name)
+        parent = parent_run_id()
+        new = parent_tags(parent) if run_id is None else None
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment, run_name=name, tags=new)
         self.run_id = run.info.run_id
         if run_id is None:
             mlflow.log_params({k: str(v)[:500] for k, v in cfg.flat().items()})
             mlflow.set_tags(tags)
             log_datasets(cfg.mlflow_uri, self.run_id, datasets)
+        elif parent and PARENT_TAG not in run.data.tags:  # a run begun outside a flow, resumed by one
+            mlflow.set_tag(PARENT_TAG, parent)
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         if self.enabled:

@@ -273,7 +273,7 @@ class Window:
         cfg, d, rows = run.cfg, run.d, run.rows
         train_loss = mean_over_ranks(self.loss / self.steps, d)
         rate = self.steps * cfg.data.batch_size / (time.perf_counter() - self.start)
-        values = {"train_loss": train_loss, "examples_per_s": rate, **values}
+        values = {"train_loss": train_loss, "train_examples_per_s": rate, **values}
         if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
             values["regulariser"] = float(penalty.detach())
         if d.world > 1:  # what this rank sent per example it trained on

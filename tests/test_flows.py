@@ -114,6 +114,19 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
 
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")
+    # one parent run for the flow: the resumed flow run continued the killed one's, every run under it
+    parents = [r for r in runs if r.data.tags.get("kind") == "flow"]
+    assert len(parents) == 1, [r.info.run_name for r in parents]
+    parent = parents[0]
+    assert summary["pipeline"]["mlflow_parent_run_id"] == parent.info.run_id and parent.info.status == "FINISHED"
+    assert parent.info.run_name.startswith("flow-") and parent.data.tags["workdir"] == str(work.resolve())
+    assert parent.data.tags["prefect.flow_run_id"] == summary["pipeline"]["flow_run_id"]
+    killed_and_resumed = parent.data.tags["prefect.flow_run_ids"].split(",")
+    assert len(killed_and_resumed) == 2 and killed_and_resumed[-1] == summary["pipeline"]["flow_run_id"]
+    assert parent.data.tags["data_version"] == stages["negatives"]["sha256"]
+    runs = [r for r in runs if r is not parent]
+    assert all(r.data.tags.get("mlflow.parentRunId") == parent.info.run_id for r in runs)
+    assert all(r.info.status == "FINISHED" for r in runs)  # the killed training run was resumed, not left behind
     by_system = {}
     for run in runs:
         by_system.setdefault(run.data.tags["system"], []).append(run)
@@ -162,6 +175,9 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     (work / "simulate" / "manifest.json").write_text("{ garbage")
     assert main(args) == 0
     assert [stage for stage, skipped in skipped_stages().items() if not skipped] == ["simulate"]
+    # it made no MLflow run, so it left no parent run either
+    assert json.loads((work / "report.json").read_text())["pipeline"]["mlflow_parent_run_id"] is None
+    assert len(mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")) == len(runs) + 1
 
     # An edit to the negatives stage's code: it and everything downstream recompute, upstream is skipped.
     import core.artifacts
@@ -182,6 +198,28 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "evaluate": False,
         "analyze": False,
     }
+    # a new flow run, finished: its own parent with its new training and evaluation runs under it
+    second = json.loads((work / "report.json").read_text())["pipeline"]["mlflow_parent_run_id"]
+    assert second and second != parent.info.run_id
+    nested = mlflow.search_runs(
+        experiment_names=["default-catalogue"],
+        filter_string=f"tags.`mlflow.parentRunId` = '{second}'",
+        output_format="list",
+    )
+    assert sorted(r.data.tags["system"] for r in nested) == ["bm25", "lstm", "lstm", "lstm+bm25"]
+    lstm_eval = next(r for r in nested if r.data.tags["system"] == "lstm" and "eval_key" in r.data.tags)
+    lstm_train = next(r for r in nested if r.data.tags["system"] == "lstm" and "eval_key" not in r.data.tags)
+    # the metrics compared across runs have one name in each run that has them
+    assert {"train_loss", "valid_loss", "train_examples_per_s"} <= set(lstm_train.data.metrics)
+    assert {
+        "ndcg_at_1",
+        "ndcg_at_3",
+        "ndcg_at_10",
+        "retrieval_ndcg_at_10",
+        "train_examples_per_s",
+        "valid_loss",
+    } <= set(lstm_eval.data.metrics)
+    assert lstm_eval.data.metrics["valid_loss"] == lstm_train.data.metrics["valid_loss"]
 
     # Debiased training: the propensity stage's curve reaches the negatives, which the training run weighs by
     monkeypatch.undo()

@@ -116,6 +116,10 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
         client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
         experiment = client.get_experiment_by_name(report["dataset"])
         runs = client.search_runs([experiment.experiment_id])
+        parent = report["pipeline"]["mlflow_parent_run_id"]  # the flow run's own run, the others nested under it
+        assert [r.info.run_id for r in runs if r.data.tags.get("kind") == "flow"] == [parent]
+        runs = [r for r in runs if r.info.run_id != parent]
+        assert all(r.data.tags["mlflow.parentRunId"] == parent for r in runs)
         assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm", "lstm+bm25"]
         assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
         champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
