@@ -206,7 +206,8 @@ def _settle(client: mlflow.MlflowClient, name: str, tag: str, compared: str | No
     than the champion it compared against and measured on this eval set, the best (the earliest on a
     tie) takes the alias if it beats the current champion. The last writer re-reads after its write,
     so it ends on the best. Versions older than that champion are not contenders: a champion set by
-    hand stays until a newer version beats it. Returns a note for the decision's reason ('' if none)."""
+    hand stays until a newer version beats it (with no champion yet, every measured version is one).
+    Returns a note for the decision's reason ('' if none)."""
     note = ""
     for _ in range(10):  # each round writes a strictly better champion: few rounds
         champion = client.get_model_version_by_alias(name, CHAMPION)

@@ -51,6 +51,16 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen, log) ->
         time.sleep(2)
 
 
+def stop(serve: subprocess.Popen) -> None:
+    """Stop `dssm schedule` as Ctrl-C does (its runner pauses the schedule), killing it after 60s."""
+    os.killpg(serve.pid, signal.SIGINT)
+    try:
+        serve.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+
+
 def champion_is_the_best(client, name: str) -> tuple[str, float]:
     """The `champion` of registered model `name` is the version with the best gate metric among all
     measured on its eval set, and its evaluation run logged that metric: (version, metric)."""
@@ -64,7 +74,7 @@ def champion_is_the_best(client, name: str) -> tuple[str, float]:
 
 
 def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
-    spark, default_pairs, pipeline, postgres_url, tmp_path
+    spark, default_pairs, pipeline, postgres_url, tmp_path, capsys
 ):
     cfg = stack.StackConfig(
         root=tmp_path / "stack",
@@ -82,6 +92,17 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         # both servers keep their state in their own database on the PostgreSQL server, none in sqlite
         assert state["database"] == stack.database_record(cfg) and state["database"]["kind"] == "postgresql"
         assert not list((cfg.root / "mlflow").glob("*.db")) and not list((cfg.root / "prefect").glob("*.db"))
+        from dssm.cli import main
+
+        capsys.readouterr()
+        assert (
+            main(["stack", "status", "--dir", str(cfg.root)]) == 0
+            and main(["stack", "env", "--dir", str(cfg.root)]) == 0
+        )
+        said = capsys.readouterr().out
+        names = stack.database_record(cfg)
+        assert f"PostgreSQL {postgres_url}: MLflow in database {names['mlflow']}, Prefect in {names['prefect']}" in said
+        assert "database      answers" in said and "# database: PostgreSQL" in said
         env = {**os.environ, **stack.environment(state["urls"]), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         work, log = tmp_path / "w", tmp_path / "schedule.log"
         cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
@@ -105,7 +126,10 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             assert not failed, f"scheduled run {failed[0]['state_type']}: {failed[0]['state']['message']}"
             return next((r for r in runs if r["state_type"] == "COMPLETED"), None)
 
-        run = wait_until("a scheduled run completed", finished_run, 420, serve, log)
+        # a few minutes alone; 420s was overrun on 2 cores at load 11-16 (other jobs), before and after --database
+        run = wait_until("a scheduled run completed", finished_run, 900, serve, log)
+        stop(serve)  # Ctrl-C: the schedule pauses; no second scheduled run starts beside what follows
+        serve = None
         assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
 
         report = json.loads((work / "report.json").read_text())
@@ -165,7 +189,13 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             procs[seed] = subprocess.Popen(
                 [*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True
             )
-        outputs = {seed: proc.communicate(timeout=300)[0] for seed, proc in procs.items()}
+        try:
+            outputs = {seed: proc.communicate(timeout=420)[0] for seed, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         for seed, proc in procs.items():
             assert proc.returncode == 0, outputs[seed][-3000:]
         reports = [json.loads((tmp_path / f"c{seed}" / "report.json").read_text()) for seed in procs]
@@ -212,11 +242,7 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         assert time.monotonic() - started < 120 and not (tmp_path / "lost").exists()
     finally:
         if serve is not None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
+            stop(serve)
         stopped = stack.down(cfg.root, progress=lambda _: None)
     assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
     assert stack.status(cfg.root) == {}
