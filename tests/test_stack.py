@@ -69,7 +69,7 @@ def champion_is_the_best(client, name: str) -> tuple[str, float]:
     measured = {v.version: float(v.tags[key]) for v in client.search_model_versions(f"name='{name}'") if key in v.tags}
     assert measured[champion.version] == max(measured.values()), (champion.version, measured)
     logged = client.get_run(champion.run_id).data.metrics["ndcg_at_10"]
-    assert abs(logged - measured[champion.version]) < 1e-6
+    assert abs(logged - measured[champion.version]) < 1e-4  # the gate gets the report's value, to 4 decimals
     return champion.version, measured[champion.version]
 
 
