@@ -9,7 +9,8 @@ A null, non-text, empty or whitespace-only query or title is refused (`mlflow mo
 hybrid's BM25 term cannot grow with repeats. A text none of whose letter trigrams the model knows
 is still scored (as the unknown token); `dssm search` warns about such queries.
 The gate moves the `champion` alias to a new version only when it beats the current champion's
-NDCG@10 on the same evaluation set (same judged file, same split); `dssm evaluate --gate-metric
+NDCG@10 on the same evaluation set (same judged file, same split), and leaves it on the best of the
+versions gated at the same time (runs against one tracking server: `_settle`); `dssm evaluate --gate-metric
 retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8).
 """
 
@@ -178,7 +179,7 @@ def champion_gate(
         champion = None
     if champion is None:
         client.set_registered_model_alias(name, CHAMPION, version)
-        return GateDecision(True, version, ndcg10, None, None, "no champion yet")
+        return GateDecision(True, version, ndcg10, None, None, "no champion yet" + _settle(client, name, tag, None))
     if champion.version == version:
         return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
     known = champion.tags.get(tag)
@@ -190,9 +191,40 @@ def champion_gate(
     if ndcg10 > champion_ndcg:
         client.set_registered_model_alias(name, CHAMPION, version)
         reason = f"{label} {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
+        reason += _settle(client, name, tag, champion.version)
         return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
     reason = f"{label} {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
     return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)
+
+
+def _settle(client: mlflow.MlflowClient, name: str, tag: str, compared: str | None) -> str:
+    """After this gate moved the alias: hand it on to the best version gated at the same time.
+
+    MLflow has no compare-and-set on an alias, so two runs gated at once (two `dssm run` against one
+    tracking server) can both beat the champion they read, and the later write wins, better or not.
+    Each gate that moves the alias therefore reads again after its write: among the versions newer
+    than the champion it compared against and measured on this eval set, the best (the earliest on a
+    tie) takes the alias if it beats the current champion. The last writer re-reads after its write,
+    so it ends on the best. Versions older than that champion are not contenders: a champion set by
+    hand stays until a newer version beats it (with no champion yet, every measured version is one).
+    Returns a note for the decision's reason ('' if none)."""
+    note = ""
+    for _ in range(10):  # each round writes a strictly better champion: few rounds
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+        contenders = [
+            v
+            for v in client.search_model_versions(f"name='{name}'")
+            if tag in v.tags and (compared is None or int(v.version) > int(compared))
+        ]
+        if not contenders:
+            return note
+        best = max(contenders, key=lambda v: (float(v.tags[tag]), -int(v.version)))
+        held = float(champion.tags[tag]) if tag in champion.tags else float("-inf")
+        if best.version == champion.version or float(best.tags[tag]) <= held:
+            return note
+        client.set_registered_model_alias(name, CHAMPION, best.version)
+        note = f"; v{best.version}, gated at the same time, is better ({float(best.tags[tag]):.2f}) and holds the alias"
+    return note
 
 
 def plot_gate_history(

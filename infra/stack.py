@@ -1,10 +1,12 @@
 """`dssm stack up|down|status|env`: the local stack on 127.0.0.1, each service a real process.
 
-Services: an MLflow tracking server (sqlite backend by default, or any SQLAlchemy URI such as
-PostgreSQL; artifacts served from a local root), a Prefect server, and a Spark standalone master
-and worker (launched from the pip pyspark package: no Spark download). Each runs in its own
-session with its log under STACK_DIR/logs/; STACK_DIR/stack.json records pids and URLs so
-`down` and `status` work from any later shell. `up` returns only when every health check passes.
+Services: an MLflow tracking server (artifacts served from a local root), a Prefect server, and a
+Spark standalone master and worker (launched from the pip pyspark package: no Spark download).
+Both servers keep their state in sqlite files under STACK_DIR by default, or, with `--database
+postgresql://…`, in two PostgreSQL databases derived from that one URL (infra/database.py). Each
+service runs in its own session with its log under STACK_DIR/logs/; STACK_DIR/stack.json records
+pids, URLs and the database so `down` and `status` work from any later shell. `up` returns only
+when every health check passes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import DssmError
+from infra import database as db
 
 STATE = "stack.json"
 
@@ -37,7 +40,7 @@ class StackConfig:
     spark_worker_ui_port: int = 8081
     worker_cores: int = 2
     worker_memory: str = "2g"
-    mlflow_backend: str = ""  # default: sqlite under STACK_DIR/mlflow; e.g. postgresql://user:pw@host/mlflow
+    database: str = ""  # default: sqlite files under STACK_DIR; or postgresql://user@host:5432/NAME (infra/database.py)
     timeout: float = 180  # seconds for every health check together
 
     @property
@@ -111,7 +114,8 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     root = cfg.root.resolve()
     bin_dir = Path(sys.executable).parent
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
-    backend = cfg.mlflow_backend or f"sqlite:///{root / 'mlflow' / 'mlflow.db'}"
+    stores = db.service_urls(cfg.database) if cfg.database else {}
+    backend = stores.get("mlflow", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}")
     spark_env = {
         "SPARK_LOCAL_IP": cfg.host,
         "SPARK_WORKER_DIR": str(root / "spark" / "work"),
@@ -120,6 +124,8 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
     mlflow_hosts, mlflow_origins = own_origins(cfg.host, cfg.mlflow_port)
     prefect_env = {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if "prefect" in stores:  # else Prefect's default: sqlite under PREFECT_HOME
+        prefect_env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = stores["prefect"]
     return {
         "mlflow": (
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
@@ -168,7 +174,11 @@ def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, A
     taken = [port for port in _ports(cfg) if not _free(cfg.host, port)]
     if taken:  # a process that is not one of ours holds it: say so now, not after the health-check timeout
         raise DssmError(f"port(s) {', '.join(map(str, taken))} on {cfg.host} are in use by another process")
-    state = {"config": {k: str(v) for k, v in asdict(cfg).items()}, "urls": cfg.urls, "services": {}}
+    database = database_record(cfg)
+    if cfg.database:  # the server answers, the drivers are there, the databases exist: before any process starts
+        db.prepare(cfg.database, progress)
+    config = {k: str(v) for k, v in asdict(cfg).items()} | {"database": database["url"]}  # no password on disk
+    state = {"config": config, "urls": cfg.urls, "database": database, "services": {}}
     deadline = time.monotonic() + cfg.timeout
     procs: dict[str, subprocess.Popen] = {}
     try:
@@ -197,6 +207,28 @@ def up(cfg: StackConfig, progress: Callable[[str], None] = print) -> dict[str, A
         down(cfg.root, lambda _: None)
         raise
     return state
+
+
+def database_record(cfg: StackConfig) -> dict[str, Any]:
+    """Where the servers keep their state, as stack.json records it and `status`/`env`/`down` report it."""
+    if not cfg.database:
+        root = cfg.root.resolve()
+        return {
+            "kind": "sqlite",
+            "url": "",
+            "mlflow": f"sqlite:///{root / 'mlflow' / 'mlflow.db'}",
+            "prefect": f"sqlite:///{root / 'prefect' / 'prefect.db'}",
+        }
+    names = db.databases(cfg.database)
+    return {"kind": "postgresql", "url": db.shown(cfg.database)} | names
+
+
+def describe_database(state: dict[str, Any]) -> str:
+    """One line: the database the recorded stack uses."""
+    record = state.get("database") or {"kind": "sqlite", "mlflow": "?", "prefect": "?"}
+    if record["kind"] == "sqlite":
+        return f"sqlite (one writer at a time): MLflow {record['mlflow']}, Prefect {record['prefect']}"
+    return f"PostgreSQL {record['url']}: MLflow in database {record['mlflow']}, Prefect in {record['prefect']}"
 
 
 def _ports(cfg: StackConfig) -> list[int]:
@@ -288,9 +320,12 @@ def add_arguments(p) -> None:
     p.add_argument("--spark-ui-port", type=int, default=d.spark_ui_port, help="(default: %(default)s)")
     p.add_argument("--spark-worker-ui-port", type=int, default=d.spark_worker_ui_port, help="(default: %(default)s)")
     p.add_argument(
-        "--mlflow-backend",
-        default="",
-        help="MLflow backend store URI (default: sqlite under --dir; e.g. postgresql://user:pw@host:5432/mlflow)",
+        "--database",
+        default=d.database,
+        metavar="URL",
+        help="up: keep MLflow's and Prefect's state on this PostgreSQL server, e.g. "
+        "postgresql://postgres@127.0.0.1:5432/dssm, in databases NAME_mlflow and NAME_prefect (created "
+        "when missing); for a team, as sqlite lets one writer in at a time (default: sqlite files under --dir)",
     )
 
 
@@ -304,25 +339,38 @@ def command(args) -> None:
             spark_port=args.spark_port,
             spark_ui_port=args.spark_ui_port,
             spark_worker_ui_port=args.spark_worker_ui_port,
-            mlflow_backend=args.mlflow_backend,
+            database=args.database,
         )
         state = up(cfg)
         print('stack up; point a shell at it with:  eval "$(dssm stack env)"')
         for name, url in state["urls"].items():
             print(f"  {name:<9} {url}")
+        print(f"  database  {describe_database(state)}")
     elif args.action == "down":
+        state = read_state(args.dir)
         down(args.dir)
+        if state is not None and state.get("database", {}).get("kind") == "postgresql":
+            record = state["database"]
+            print(f"the databases {record['mlflow']} and {record['prefect']} keep their data ({record['url']})")
     elif args.action == "status":
         health = status(args.dir)
         if not health:
             raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
         for name, ok in health.items():
             print(f"{name:<13} {'healthy' if ok else 'DOWN'}")
+        state = read_state(args.dir) or {}
+        print(f"database      {describe_database(state)}")
+        if state.get("database", {}).get("kind") == "postgresql":
+            # the recorded URL has no password: libpq takes it from PGPASSWORD or ~/.pgpass
+            problem = db.answers(state["database"]["url"])
+            print(f"database      {'answers' if problem is None else 'DOWN: ' + problem}")
+            health["database"] = problem is None
         if not all(health.values()):
             raise DssmError("some services are down (their logs are in " + str(args.dir / "logs") + ")")
     else:
         state = read_state(args.dir)
         if state is None:
             raise DssmError(f"no stack recorded in {args.dir}; start one with `dssm stack up`")
+        print(f"# database: {describe_database(state)}")
         for key, value in environment(state["urls"]).items():
             print(f"export {key}={value}")

@@ -120,6 +120,54 @@ def http_service(cmd: list[str], log: Path, health_url: str, timeout: float = 12
                 proc.kill()
 
 
+# The machine's PostgreSQL (CI machines have one too); DSSM_TEST_POSTGRES points elsewhere. Its
+# database is only where the tests connect to create and drop their own.
+POSTGRES = os.environ.get("DSSM_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def postgres_problem(url: str = POSTGRES) -> str | None:
+    """None when PostgreSQL answers at `url` (and psycopg is installed), else why not."""
+    from infra.database import answers_at
+
+    return answers_at(url)
+
+
+@contextmanager
+def postgres_database(prefix: str = "dssm_test") -> Iterator[str]:
+    """A fresh database name on the test PostgreSQL (PREFIX_<random>): yields its URL, which may also
+    be used as a base name (`dssm stack up --database` makes NAME_mlflow and NAME_prefect). On exit
+    every database named NAME or NAME_* is dropped, connections or not, so reruns start clean."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    problem = postgres_problem()
+    if problem is not None:
+        pytest.skip(f"no PostgreSQL answers at {POSTGRES} ({problem}); set DSSM_TEST_POSTGRES to use another")
+    from psycopg import sql
+
+    from infra.database import connect
+
+    admin = make_url(POSTGRES)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with connect(admin, admin.database) as conn:
+            rows = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname = %s OR datname LIKE %s", (name, f"{name}\\_%")
+            )
+            for (found,) in rows.fetchall():
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(found)))
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database URL for this test, dropped after it; skips where none answers."""
+    with postgres_database() as url:
+        yield url
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

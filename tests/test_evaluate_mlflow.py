@@ -121,6 +121,13 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     decision = champion_gate(client, "dssm-tiny", "2", gate["champion_ndcg10"] + 1, key, lambda uri: 0.0)
     assert decision.promoted and client.get_model_version_by_alias("dssm-tiny", "champion").version == "2"
 
+    # two first gates at once: neither saw a champion, v2 (better) wrote first, v1 writes last; v1's
+    # gate reads again after its write and hands the alias to v2
+    client.delete_registered_model_alias("dssm-tiny", "champion")
+    decision = champion_gate(client, "dssm-tiny", "1", gate["champion_ndcg10"], key, lambda uri: 0.0)
+    assert decision.promoted and "v2, gated at the same time, is better" in decision.reason
+    assert client.get_model_version_by_alias("dssm-tiny", "champion").version == "2"
+
 
 def test_evaluate_defaults_to_a_local_store_beside_the_report(tmp_path, capsys):
     judged = write_judged(tmp_path / "judged.csv")

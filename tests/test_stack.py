@@ -1,12 +1,15 @@
 """The local stack as real processes (Prefect server, MLflow server, Spark standalone master and
-worker), and scheduled retraining on it: `dssm schedule` registers a cron deployment, the Prefect
-server schedules a run, the runner executes the flow against the stack's Spark and MLflow. The
-flow ingests the session pipeline's raw logs, so the clean job's output on the standalone cluster
-can be compared row for row with the local[2] run: the same job code, only the master differs.
-A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too."""
+worker) keeping their state in the machine's PostgreSQL (`--database`; skipped where none answers),
+and scheduled retraining on it: `dssm schedule` registers a cron deployment, the Prefect server
+schedules a run, the runner executes the flow against the stack's Spark and MLflow. The flow
+ingests the session pipeline's raw logs, so the clean job's output on the standalone cluster can be
+compared row for row with the local[2] run: the same job code, only the master differs. Then two
+`dssm run` at once against the same servers and registered model: the champion alias ends on the
+best version. A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -47,7 +51,31 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen, log) ->
         time.sleep(2)
 
 
-def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipeline, tmp_path):
+def stop(serve: subprocess.Popen) -> None:
+    """Stop `dssm schedule` as Ctrl-C does (its runner pauses the schedule), killing it after 60s."""
+    os.killpg(serve.pid, signal.SIGINT)
+    try:
+        serve.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+
+
+def champion_is_the_best(client, name: str) -> tuple[str, float]:
+    """The `champion` of registered model `name` is the version with the best gate metric among all
+    measured on its eval set, and its evaluation run logged that metric: (version, metric)."""
+    champion = client.get_model_version_by_alias(name, "champion")
+    key = next(k for k in champion.tags if k.startswith("ndcg_at_10."))
+    measured = {v.version: float(v.tags[key]) for v in client.search_model_versions(f"name='{name}'") if key in v.tags}
+    assert measured[champion.version] == max(measured.values()), (champion.version, measured)
+    logged = client.get_run(champion.run_id).data.metrics["ndcg_at_10"]
+    assert abs(logged - measured[champion.version]) < 1e-4  # the gate gets the report's value, to 4 decimals
+    return champion.version, measured[champion.version]
+
+
+def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
+    spark, default_pairs, pipeline, postgres_url, tmp_path, capsys
+):
     cfg = stack.StackConfig(
         root=tmp_path / "stack",
         prefect_port=free_port(),
@@ -55,11 +83,26 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
         spark_port=free_port(),
         spark_ui_port=free_port(),
         spark_worker_ui_port=free_port(),
+        database=postgres_url,
     )
     state = stack.up(cfg, progress=lambda _: None)
     serve = None
     try:
         assert stack.status(cfg.root) == {n: True for n in ["mlflow", "prefect", "spark-master", "spark-worker"]}
+        # both servers keep their state in their own database on the PostgreSQL server, none in sqlite
+        assert state["database"] == stack.database_record(cfg) and state["database"]["kind"] == "postgresql"
+        assert not list((cfg.root / "mlflow").glob("*.db")) and not list((cfg.root / "prefect").glob("*.db"))
+        from dssm.cli import main
+
+        capsys.readouterr()
+        assert (
+            main(["stack", "status", "--dir", str(cfg.root)]) == 0
+            and main(["stack", "env", "--dir", str(cfg.root)]) == 0
+        )
+        said = capsys.readouterr().out
+        names = stack.database_record(cfg)
+        assert f"PostgreSQL {postgres_url}: MLflow in database {names['mlflow']}, Prefect in {names['prefect']}" in said
+        assert "database      answers" in said and "# database: PostgreSQL" in said
         env = {**os.environ, **stack.environment(state["urls"]), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         work, log = tmp_path / "w", tmp_path / "schedule.log"
         cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
@@ -83,7 +126,10 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
             assert not failed, f"scheduled run {failed[0]['state_type']}: {failed[0]['state']['message']}"
             return next((r for r in runs if r["state_type"] == "COMPLETED"), None)
 
-        run = wait_until("a scheduled run completed", finished_run, 420, serve, log)
+        # a few minutes alone; 420s was overrun on 2 cores at load 11-16 (other jobs), before and after --database
+        run = wait_until("a scheduled run completed", finished_run, 900, serve, log)
+        stop(serve)  # Ctrl-C: the schedule pauses; no second scheduled run starts beside what follows
+        serve = None
         assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
 
         report = json.loads((work / "report.json").read_text())
@@ -125,6 +171,50 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
         champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
         retriever = client.get_model_version_by_alias(f"dssm-{report['dataset']}-retriever", "champion")
         assert champion.tags["retriever_version"] == f"dssm-{report['dataset']}-retriever/{retriever.version}"
+        from infra.database import connect, parse
+
+        with connect(parse(postgres_url), stack.database_record(cfg)["mlflow"]) as conn:  # the runs are in PostgreSQL
+            assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == len(runs)
+
+        # Two `dssm run` at once against the same servers and registered model: copies of the scheduled
+        # run's work dir (its data stages are up to date there), each training another seed (seconds).
+        runs_env = {k: v for k, v in env.items() if k != "PREFECT_RUNNER_POLL_FREQUENCY"}
+        dssm, train, procs = (
+            [sys.executable, "-m", "dssm.cli"],
+            ["data.batch_size=64", "epochs=2", "model.ncell=16"],
+            {},
+        )
+        for seed in (2, 3):
+            copy = tmp_path / f"c{seed}"
+            shutil.copytree(work, copy, ignore=shutil.ignore_patterns(".lock", "report.json"))
+            argv = ["run", "--workdir", str(copy), "--logs", str(pipeline["simulate"]), "--judgments"]
+            argv += [str(DEFAULT_CATALOGUE), "--no-analyze", "--no-index", "--train", *train, f"seed={seed}"]
+            out = subprocess.PIPE
+            procs[seed] = subprocess.Popen(
+                [*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+        try:
+            outputs = {seed: proc.communicate(timeout=420)[0] for seed, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for seed, proc in procs.items():
+            assert proc.returncode == 0, outputs[seed][-3000:]
+        reports = [json.loads((tmp_path / f"c{seed}" / "report.json").read_text()) for seed in procs]
+        for r in reports:  # only training and evaluation ran, each a flow run on the Prefect server
+            stages = {s["stage"]: s for s in r["pipeline"]["stages"]}
+            assert [n for n, s in stages.items() if not s["skipped"]] == ["train", "evaluate"]
+            flow_runs = post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [r["pipeline"]["flow_run_id"]]}}})
+            assert [f["state_type"] for f in flow_runs] == ["COMPLETED"]
+        gates = [g for r in reports for g in r["gate"]]
+        assert len(gates) == 4 and len({g["version"] for g in gates}) == 4  # lstm and lstm+bm25 of each run
+        version, best = champion_is_the_best(client, f"dssm-{report['dataset']}")
+        assert version in {champion.version} | {g["version"] for g in gates if g["promoted"]}
+        assert best >= max(g["ndcg10"] for g in gates)
+        trained = client.search_runs([experiment.experiment_id], "tags.system = 'lstm'")
+        assert len(trained) == len([r for r in runs if r.data.tags["system"] == "lstm"]) + 4  # 2 train + 2 eval runs
 
         # v2 logs (doc ids, titles in the catalogue side table, the vectorised parser on the
         # executors): the cluster's clean gives the local[2] rows too
@@ -156,11 +246,7 @@ def test_scheduled_retraining_runs_on_the_local_stack(spark, default_pairs, pipe
         assert time.monotonic() - started < 120 and not (tmp_path / "lost").exists()
     finally:
         if serve is not None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
+            stop(serve)
         stopped = stack.down(cfg.root, progress=lambda _: None)
     assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
     assert stack.status(cfg.root) == {}
@@ -232,3 +318,44 @@ def test_the_stack_servers_grant_no_other_origin_or_host(tmp_path):
         own = f"http://127.0.0.1:{cfg.mlflow_port}"
         status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": own})
         assert (status, headers.get(ACAO)) == (200, own)
+
+
+def test_one_database_url_gives_each_server_its_own_database_and_driver(postgres_url, tmp_path):
+    """`--database` names one PostgreSQL URL; MLflow (psycopg) and Prefect (asyncpg) each get a database
+    derived from it (both keep an `alembic_version` table); missing ones are created; a server that
+    does not answer, or another kind of URL, is one clear error before any service starts."""
+    from sqlalchemy.engine import make_url
+
+    from core.errors import DssmError
+    from infra import database
+
+    urls = database.service_urls("postgres://team:s3cret@db.example:5433/dssm?sslmode=require")
+    assert urls == {
+        "mlflow": "postgresql+psycopg://team:s3cret@db.example:5433/dssm_mlflow?sslmode=require",
+        "prefect": "postgresql+asyncpg://team:s3cret@db.example:5433/dssm_prefect",  # asyncpg takes no libpq options
+    }
+    assert database.shown("postgresql+psycopg2://team:s3cret@db.example/x") == "postgresql://team:***@db.example/x"
+    # infra/scale-out/compose.yaml gives each server what `--database postgresql://dssm:dssm@postgres:5432/dssm` would
+    import yaml
+
+    compose = yaml.safe_load((Path(__file__).parents[1] / "infra" / "scale-out" / "compose.yaml").read_text())
+    team = database.service_urls("postgresql://dssm:dssm@postgres:5432/dssm")
+    assert f"--backend-store-uri {team['mlflow']} " in compose["services"]["mlflow"]["command"]
+    assert compose["services"]["prefect"]["environment"]["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == team["prefect"]
+    with pytest.raises(DssmError, match="'mysql' is not supported"):
+        database.service_urls("mysql://root@127.0.0.1/dssm")
+
+    names = database.prepare(postgres_url, progress=lambda _: None)
+    base = make_url(postgres_url).database
+    assert names == {"mlflow": f"{base}_mlflow", "prefect": f"{base}_prefect"}
+    assert database.answers(postgres_url) is None
+    assert database.prepare(postgres_url, progress=lambda _: None) == names  # already there: kept
+
+    silent = make_url(postgres_url).set(port=free_port()).render_as_string(hide_password=False)
+    cfg = stack.StackConfig(root=tmp_path / "stack", database=silent, **{p: free_port() for p in PORTS})
+    with pytest.raises(DssmError, match="does not answer"):
+        stack.up(cfg, progress=lambda _: None)
+    assert stack.read_state(cfg.root) is None and "refused" in (database.answers(silent) or "")
+
+
+PORTS = ["prefect_port", "mlflow_port", "spark_port", "spark_ui_port", "spark_worker_ui_port"]

@@ -1,1 +1,1 @@
-CREATE DATABASE prefect;
+CREATE DATABASE dssm_prefect;
