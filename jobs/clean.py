@@ -12,8 +12,10 @@ read = kept + rejected holds exactly (checked before anything is published):
   impressions of which `bot_min_click_rate` of all shown results were clicked).
 
 Lines are parsed and validated by `jobs.rawlog.parse_line` (queries and titles normalised exactly
-as PROTOCOL.md §2) once, into a temporary Parquet file; the later steps read only the columns
-they need from it, so the large rows are never shuffled.
+as PROTOCOL.md §2) once, into a temporary Parquet file; the rules read only the small columns
+they need from it, so the large rows are never shuffled, and one pass of Python tasks reads the
+kept lines' lists with pyarrow to write `impressions/` and count clicks per pair
+(`jobs.impressions.scan_parsed`).
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from core.artifacts import MANIFEST, code_fingerprint, content_sha256, data_files, publish, read_manifest
 from core.errors import DssmError
 from jobs.hadoopfs import HadoopPath
-from jobs.rawlog import MALFORMED_REASONS, PARSED, parse_batches, read_catalogue
+from jobs.rawlog import MALFORMED_REASONS, PARSED, Catalogue, parse_batches, read_catalogue
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
@@ -51,7 +52,7 @@ class CleanConfig:
     max_malformed_rate: float = 0.5  # refuse input with a larger share of malformed lines
     rows_per_file: int = 1_000_000  # rows per output Parquet file, about
     # write impressions/ (what `dssm propensity` and `negatives --skip-above` read); --no-impressions: a
-    # faster clean (~1/3 of clean's time at 10M)
+    # faster clean (the kept lines are still read, to count the pairs, but not written)
     impressions: bool = True
     # v2 logs: the catalogue side table (Parquet: doc_id, title); empty: a simulate output's own, if any
     catalogue: str = ""
@@ -181,39 +182,6 @@ def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
     return duplicates.unionByName(empty).unionByName(bot_lines)
 
 
-def click_pairs(kept: DataFrame, versions: set[int], catalogue_titles: DataFrame | None) -> DataFrame:
-    """Per (query, title) shown: impressions and clicks. v2 lines are counted by title id and named
-    from `catalogue_titles` (title_id, title) afterwards, so no title string is shuffled per result."""
-    counted = []
-    if 1 in versions:
-        counted.append(_shown_counts(kept.where(F.col("v") == 1), "titles", "title"))
-    if 2 in versions:
-        by_id = _shown_counts(kept.where(F.col("v") == 2), "title_ids", "title_id")
-        counted.append(by_id.join(F.broadcast(catalogue_titles), "title_id").drop("title_id"))
-    if len(counted) == 1:
-        return counted[0]
-    # A sum of counts is never null; coalesce says so to Spark, so that the written schema (its
-    # nullability) is the single-format runs' own.
-    return (
-        counted[0]
-        .unionByName(counted[1])
-        .groupBy("query", "title")
-        .agg(F.sum("clicks").alias("clicks"), F.coalesce(F.sum("impressions"), F.lit(0)).alias("impressions"))
-    )
-
-
-def _shown_counts(rows: DataFrame, results: str, key: str) -> DataFrame:
-    shown = rows.select(
-        "query",
-        F.explode(F.arrays_zip(F.col(results).alias(key), F.col("positions").alias("position"))).alias("r"),
-        "clicked",
-    )
-    return shown.groupBy("query", F.col(f"r.{key}").alias(key)).agg(
-        F.sum(F.array_contains("clicked", F.col("r.position")).cast("long")).alias("clicks"),
-        F.count("*").alias("impressions"),
-    )
-
-
 def clean(
     spark: SparkSession,
     input_path: str,
@@ -268,7 +236,6 @@ def clean(
         counts: dict[str, int] = {}
         for r in counted:
             counts[r["status"]] = counts.get(r["status"], 0) + r["count"]
-        versions = {r["v"] for r in counted if r["status"] == "kept"}
         kept_n = counts.pop("kept", 0)
         rejected = sum(counts.values())
         malformed = sum(n for reason, n in counts.items() if reason in MALFORMED_REASONS)
@@ -280,13 +247,17 @@ def clean(
                 f"is this a dssm raw log (docs/raw-log-format.md)?"
             )
 
-        kept = status.where(F.col("status") == "kept")
-        with timed("count clicks per pair"):
-            titles_by_id = None
-            if catalogue is not None:
-                ids = pa.array(range(len(catalogue.titles)), pa.int32())
-                titles_by_id = spark.createDataFrame(pa.table({"title_id": ids, "title": catalogue.titles}))
-            all_pairs = click_pairs(kept, versions, titles_by_id).persist()
+        step = "count clicks per pair" + (", write impressions" if cfg.impressions else "")
+        with timed(step):
+            where = tmp / "impressions" if cfg.impressions else None
+            n_impressions, partial = scan_kept(scratch, drops, catalogue, where, tmp / "_counts")
+            # A sum of counts is never null; coalesce says so to Spark, so that the written
+            # schema (its nullability) stays the contract's.
+            all_pairs = (
+                partial.groupBy("query", "title")
+                .agg(F.sum("clicks").alias("clicks"), F.coalesce(F.sum("impressions"), F.lit(0)).alias("impressions"))
+                .persist()
+            )
             pairs_total = all_pairs.count()
         with timed("write pairs and titles"):
             clicked = all_pairs.where(F.col("clicks") > 0)
@@ -299,10 +270,6 @@ def clean(
             titles_df = stable_layout(titles, pairs_total, cfg.rows_per_file, "title")
             n_titles = write_parquet(titles_df, tmp / "titles", TITLES)
 
-        n_impressions = kept_n
-        if cfg.impressions:
-            with timed("write impressions"):
-                n_impressions = write_impressions(kept, catalogue, tmp / "impressions")
         rejects = status.where(F.col("status") != "kept").select(
             F.col("source"),
             F.col("status").alias("reason"),
@@ -319,6 +286,7 @@ def clean(
             n_rejects = write_parquet(rejects_df.drop("line"), tmp / "rejects", REJECTS)
         spark.catalog.clearCache()  # drops, all_pairs and the rules' persisted rows
         shutil.rmtree(scratch)
+        shutil.rmtree(tmp / "_counts")
 
         if lines_read != kept_n + rejected or n_rejects != rejected or n_impressions != kept_n:
             raise DssmError(
@@ -352,29 +320,38 @@ def clean(
         return publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force or remote)
 
 
-def write_impressions(kept: DataFrame, catalogue, path: Path) -> int:
-    """`impressions/`: one row per kept impression (jobs/impressions.py), a file per task written
-    by the task itself. In line order, without a shuffle: the parsed scratch splits the same way
-    on a rerun, so the bytes do too."""
-    from jobs.impressions import PARSED_COLUMNS, WRITTEN, write_partition
+def scan_kept(
+    scratch: Path, drops: DataFrame, catalogue: Catalogue | None, impressions: Path | None, counts: Path
+) -> tuple[int, DataFrame]:
+    """One pass over the kept lines of the parsed scratch (`jobs.impressions.scan_parsed`, a task
+    per scratch file): `impressions/` written (unless `impressions` is None) and the clicks and
+    impressions per (query, title) of each file. Returns the kept lines seen and those counts
+    (not yet summed across files). Impressions keep line order within a file, and a rerun parses
+    into the same files, so the bytes are the same too."""
+    import numpy as np
+
+    from jobs.impressions import SCANNED, scan_parsed
     from jobs.schemas import IMPRESSIONS, check_parquet
 
-    spark = kept.sparkSession
-    titles = spark.sparkContext.broadcast(catalogue.titles) if catalogue is not None else None
-    out = str(path)
-    path.mkdir(parents=True)
+    spark = drops.sparkSession
+    files = [str(f) for f in sorted(scratch.glob("*.parquet"))]
+    dropped = np.sort(drops.select("line").toArrow().column("line").to_numpy())
+    shared = spark.sparkContext.broadcast((files, dropped, catalogue.titles if catalogue is not None else None))
+    counts.mkdir()
+    if impressions is not None:
+        impressions.mkdir()
+    out, where = str(counts), str(impressions) if impressions is not None else None
 
-    def write(batches):
-        from pyspark import TaskContext
+    def scan(ids):
+        files, dropped, titles = shared.value
+        return scan_parsed(ids, files, dropped, titles, where, out)
 
-        named = titles.value if titles is not None else None
-        return write_partition(batches, named, out, TaskContext.get().partitionId())
-
-    written = kept.select(*PARSED_COLUMNS).mapInArrow(write, WRITTEN).collect()
-    for i, name in enumerate(sorted(r["file"] for r in written)):
-        (path / name).rename(path / f"part-{i:05d}.parquet")
-    check_parquet(path, IMPRESSIONS)
-    return sum(r["rows"] for r in written)
+    scanned = spark.range(len(files), numPartitions=max(1, len(files))).mapInArrow(scan, SCANNED).collect()
+    if impressions is not None:
+        for i, part in enumerate(sorted(impressions.glob("part-*.parquet"))):
+            part.rename(impressions / f"part-{i:05d}.parquet")
+        check_parquet(impressions, IMPRESSIONS)
+    return sum(r["impressions"] for r in scanned), spark.read.parquet(out)
 
 
 def damaged_input(spark: SparkSession, source: str) -> str | None:

@@ -1,12 +1,14 @@
-"""Clean's `impressions/`: one row per kept impression, the shown titles in rank order with their
-click flags and dwell times (schema `jobs.schemas.IMPRESSIONS`).
+"""Clean's one pass over the kept lines: `impressions/` (one row per kept impression, the shown
+titles in rank order with their click flags and dwell times, schema `jobs.schemas.IMPRESSIONS`)
+and the clicks and impressions per (query, title) that `pairs/` and `titles/` are summed from.
 
-Built per Arrow batch from parsed rows (`jobs.rawlog.PARSED`) with numpy, no Python object per
-row: v2 title ids are named from the catalogue's titles by one `take`, each list is put in
-position order, and clicks are matched to their shown position by a sorted search. Each Spark
-task writes its own Parquet file with pyarrow (`write_partition`): the title strings, the bulk
-of the data, never pass through the JVM (at 10M impressions: 105-115 s against 145 s through
-Spark's writer; BENCHMARKS.md).
+`scan_parsed` runs as Spark tasks over the files of clean's parsed scratch, each read with
+pyarrow: the list columns never pass through the JVM, and dropped lines are a sorted array of
+line numbers, not a join. Built per Arrow batch with numpy, no Python object per row: v2 title
+ids are named from the catalogue's titles by one `take`, each list is put in position order,
+clicks are matched to their shown position by a sorted search, and the pairs are counted by
+pyarrow's group-by on integer codes. Each task writes its own Parquet files with pyarrow
+(docs/studies/clean-throughput.md has what this bought).
 """
 
 from __future__ import annotations
@@ -23,40 +25,73 @@ from jobs.fastparse import shown_index
 from jobs.schemas import IMPRESSIONS
 
 PARSED_COLUMNS = ("impression_id", "ts_ms", "query", "v", "titles", "title_ids", "positions", "clicked", "dwell")
-
-
-def impression_batches(batches: Iterator[pa.RecordBatch], titles: list[str] | None) -> Iterator[pa.RecordBatch]:
-    """Parsed rows of kept lines (PARSED_COLUMNS) -> IMPRESSIONS batches; used with mapInArrow.
-    `titles`: the catalogue's distinct normalised titles, which v2 title ids index."""
-    named = pa.array(titles or [], pa.string())
-    for batch in batches:
-        for version in (1, 2):
-            rows = batch.filter(pc.equal(batch.column("v"), version))
-            if len(rows):
-                yield _impressions(rows, named, version)
-
-
 ROW_GROUP = 131_072  # rows per Parquet row group
-WRITTEN = "file string, rows long"  # what `write_partition` returns per task, as a Spark schema
+# Room for a catalogue's distinct titles in one dictionary page (Home Depot's: ~2.2 MB), so the
+# titles column stays dictionary-encoded (past pyarrow's default 1 MB it falls back to plain
+# strings): at 1M impressions a third of the bytes, writes ~35% and reads ~2x cheaper.
+DICTIONARY = 8 << 20
+SCANNED = "impressions long, counts string"  # what `scan_parsed` yields per scratch file, as a Spark schema
+COUNTED = pa.schema(
+    [("query", pa.string()), ("title", pa.string()), ("clicks", pa.int64()), ("impressions", pa.int64())]
+)
+_BATCH = 65_536  # rows read from the scratch at a time
+_MERGE = 32  # per-batch pair counts are merged every this many batches (bounds a task's memory)
 
 
-def write_partition(
-    batches: Iterator[pa.RecordBatch], titles: list[str] | None, out: str, partition: int
+def scan_parsed(
+    ids: Iterator[pa.RecordBatch],
+    files: list[str],
+    dropped: np.ndarray,
+    titles: list[str] | None,
+    impressions: str | None,
+    counts: str,
 ) -> Iterator[pa.RecordBatch]:
-    """Write one task's impressions to `out/part-PPPPP.parquet` (no file for an empty task) and
-    yield (file, rows). The name is the task's partition: a retried task rewrites its own file."""
-    path = Path(out) / f"part-{partition:05d}.parquet"
+    """Used with mapInArrow over row numbers of `files` (the parsed scratch's files): per file, its
+    kept lines (no `reason`, `line` not in the sorted array `dropped`) written as impressions to
+    `impressions/part-IIIII.parquet` (None: not written; no file for a file without kept lines),
+    and their clicks and impressions per (query, title) to `counts/part-IIIII.parquet` (COUNTED).
+    `titles`: the catalogue's distinct normalised titles, which v2 title ids index. Yields
+    (kept lines, counts file) per file. A retried task rewrites its own files."""
+    named = pa.array(titles or [], pa.string())
+    for batch in ids:
+        for i in batch.column(0).to_pylist():
+            partial: list[pa.Table] = []
+
+            def rows_of(file: str) -> Iterator[pa.RecordBatch]:
+                nonlocal partial
+                for kept in _kept_batches(file, dropped):
+                    for version in (1, 2):
+                        lines = kept.filter(pc.equal(kept.column("v"), version))
+                        if len(lines):
+                            out, pairs = _impressions(lines, named, version)
+                            partial.append(pairs)
+                            yield out
+                    if len(partial) >= _MERGE:
+                        partial = [_merge(partial)]
+
+            name = f"part-{i:05d}.parquet"
+            if impressions is not None:
+                rows = _write(rows_of(files[i]), Path(impressions) / name)
+            else:
+                rows = sum(b.num_rows for b in rows_of(files[i]))
+            pq.write_table(_merge(partial), Path(counts) / name)
+            yield pa.RecordBatch.from_pydict({"impressions": [rows], "counts": [name]})
+
+
+def _write(batches: Iterator[pa.RecordBatch], path: Path) -> int:
+    """Write IMPRESSIONS batches to `path` in row groups of about ROW_GROUP rows (no file for
+    none); returns the rows written."""
     writer, rows, pending = None, 0, []
 
     def flush() -> None:
         nonlocal writer
         if writer is None:
-            writer = pq.ParquetWriter(path, IMPRESSIONS, compression="zstd")
+            writer = pq.ParquetWriter(path, IMPRESSIONS, compression="zstd", dictionary_pagesize_limit=DICTIONARY)
         writer.write_table(pa.Table.from_batches(pending).cast(IMPRESSIONS))
         pending.clear()
 
     try:
-        for batch in impression_batches(batches, titles):
+        for batch in batches:
             pending.append(batch)
             rows += batch.num_rows
             if sum(b.num_rows for b in pending) >= ROW_GROUP:
@@ -66,21 +101,45 @@ def write_partition(
     finally:
         if writer is not None:
             writer.close()
-    if writer is not None:
-        yield pa.RecordBatch.from_pydict({"file": [path.name], "rows": [rows]})
+    return rows
 
 
-def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> pa.RecordBatch:
+def _kept_batches(path: str, dropped: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """The scratch file's rows of well-formed lines not dropped by a rule, PARSED_COLUMNS only."""
+    source = pq.ParquetFile(path)
+    for batch in source.iter_batches(_BATCH, columns=["line", "reason", *PARSED_COLUMNS], use_threads=False):
+        keep = pc.is_null(batch.column("reason")).to_numpy(zero_copy_only=False)
+        if len(dropped):
+            lines = batch.column("line").to_numpy()
+            at = np.minimum(np.searchsorted(dropped, lines), len(dropped) - 1)
+            keep &= dropped[at] != lines
+        if keep.any():
+            yield batch.filter(pa.array(keep)).select(list(PARSED_COLUMNS))
+
+
+def _merge(partial: list[pa.Table]) -> pa.Table:
+    """One COUNTED table of per-batch ones: their sums per (query, title)."""
+    if not partial:
+        return COUNTED.empty_table()
+    counted = (
+        pa.concat_tables(partial).group_by(["query", "title"]).aggregate([("clicks", "sum"), ("impressions", "sum")])
+    )
+    columns = [counted.column(c) for c in ("query", "title", "clicks_sum", "impressions_sum")]
+    return pa.Table.from_arrays(columns, schema=COUNTED)
+
+
+def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> tuple[pa.RecordBatch, pa.Table]:
+    """The IMPRESSIONS batch of parsed rows of one format version, and per shown result its
+    (query, key, clicked): the key is the title (v1) or title id (v2), for `_pair_counts`."""
     shown = rows.column("positions")
     parent = pc.list_parent_indices(shown).to_numpy()
     position = pc.list_flatten(shown).to_numpy()
-    if version == 1:
-        names = pc.list_flatten(rows.column("titles"))
-    else:
-        names = titles.take(pc.list_flatten(rows.column("title_ids")))
+    keys = pc.list_flatten(rows.column("titles" if version == 1 else "title_ids"))
     # Rank order: by position within each impression (a canonical line is in order already).
-    order = np.lexsort((position, parent))
-    position, names = position[order], names.take(pa.array(order))
+    order = np.lexsort((position, parent))  # parent is sorted already, and stays so
+    if not (np.diff(order) == 1).all():
+        position, keys = position[order], keys.take(pa.array(order))
+    names = keys if version == 1 else titles.take(keys)
     clicks = rows.column("clicked")
     click_of = pc.list_parent_indices(clicks).to_numpy()
     # every click is on a shown position (parsing checked)
@@ -103,9 +162,28 @@ def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> pa.Rec
         "clicked": listed(clicked, pa.bool_()),
         "dwell_ms": listed(np.minimum(dwell, 2**31 - 1), pa.int32()),
     }
-    return pa.RecordBatch.from_arrays(
+    batch = pa.RecordBatch.from_arrays(
         [columns[f.name] for f in IMPRESSIONS], schema=pa.schema([pa.field(f.name, f.type) for f in IMPRESSIONS])
     )
+    return batch, _pair_counts(rows.column("query"), parent, keys, clicked, None if version == 1 else titles)
+
+
+def _pair_counts(
+    query: pa.Array, parent: np.ndarray, keys: pa.Array, clicked: np.ndarray, titles: pa.Array | None
+) -> pa.Table:
+    """COUNTED of shown results (parent: their row; keys: their titles, or title ids into
+    `titles`), grouped on integer codes: strings are named once per pair, not once per result."""
+    codes = pc.dictionary_encode(query)
+    shown = pa.table({"q": codes.indices.take(pa.array(parent)), "key": keys, "clicked": clicked.astype(np.int64)})
+    counted = shown.group_by(["q", "key"]).aggregate([("clicked", "sum"), ("clicked", "count")])
+    key = counted.column("key")
+    columns = [
+        codes.dictionary.take(counted.column("q")),
+        key if titles is None else titles.take(key),
+        counted.column("clicked_sum"),
+        counted.column("clicked_count"),
+    ]
+    return pa.Table.from_arrays(columns, schema=COUNTED)
 
 
 def _offsets(lists: pa.Array) -> pa.Array:
