@@ -117,8 +117,9 @@ def read_input(
     was read ({format, and for a table its shape})."""
     from jobs.parquetlog import input_format, parse_table
 
-    if input_format(spark, source, cfg.input_format) == "parquet":
-        return parse_table(spark, source, cfg.columns, doc_ids)
+    found, paths = input_format(spark, source, cfg.input_format)
+    if found == "parquet":
+        return parse_table(spark, source, paths, cfg.columns, doc_ids)
     if cfg.columns:
         raise DssmError(f"clean.columns maps a Parquet table's columns, but {source} is read as JSON lines")
     raw = spark.read.option("recursiveFileLookup", "true").text(source)

@@ -40,30 +40,36 @@ _TS_STRING = f"^{_TS[1:-1]}$"  # the timestamps fastparse's integer arithmetic r
 _MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999  # years 1..9999, what parse_line can read
 
 
-def input_format(spark, source: str, option: str) -> str:
-    """'json' or 'parquet': `option` unless it is 'auto', else what the files are (a `.parquet`
-    suffix or Parquet's magic bytes), listed through Hadoop's FileSystem as Spark will read them
-    (a local path, `file://`, `hdfs://`, `s3a://`). An input mixing both is an error; a glob is
-    Parquet only when it ends in `.parquet` (else name the format with input_format)."""
-    if option != "auto":
-        return option
+def input_format(spark, source: str, option: str) -> tuple[str, list[str]]:
+    """('json' or 'parquet', the paths a Parquet read takes): the format is `option` unless it is
+    'auto', else what the files are (a `.parquet` suffix or Parquet's magic bytes), listed once
+    through Hadoop's FileSystem as Spark will read them (a local path, `file://`, `hdfs://`,
+    `s3a://`); the paths are a directory's data files (a manifest beside them left out), or a file
+    or glob as given. An input mixing both formats is an error; a glob is Parquet only when it ends
+    in `.parquet` (else name the format with input_format)."""
     if any(ch in source for ch in "*?["):
-        return "parquet" if source.rstrip("/").endswith(".parquet") else "json"
+        found = "parquet" if source.rstrip("/").endswith(".parquet") else "json"
+        return (found if option == "auto" else option), [source]
+    if option == "json":  # JSON lines are read from `source` itself: nothing to list
+        return "json", [source]
     from jobs.hadoopfs import HadoopPath
 
     root = HadoopPath(spark, source)
     single = root.is_file()
     names = [f.name for f in root.files()]
+    paths = [source] if single else [(root / n).qualified for n in names]
+    if option != "auto":
+        return option, paths
     tables = [n for n in names if n.endswith(".parquet") or (root if single else root / n).head(4) == MAGIC]
     if not tables:
-        return "json"
+        return "json", paths
     if len(tables) < len(names):
         others = sorted(set(names) - set(tables))
         raise DssmError(
             f"{source} mixes Parquet and other files: {len(tables)} Parquet (e.g. {tables[0]}) and "
             f"{len(others)} others (e.g. {others[0]}); an input is JSON lines or Parquet, not both"
         )
-    return "parquet"
+    return "parquet", paths
 
 
 def column_names(columns: dict[str, str]) -> dict[str, str]:
@@ -149,19 +155,16 @@ class Layout:
         )
 
 
-def parse_table(spark, source: str, columns: dict[str, str], doc_ids: dict[str, int] | None) -> tuple[Any, dict]:
-    """A Parquet table (a file, or a directory's Parquet files at any depth, `dt=` partitions
-    included) as PARSED rows, and what was read: {format, shape, and for result rows rows_read}."""
+def parse_table(
+    spark, source: str, paths: list[str], columns: dict[str, str], doc_ids: dict[str, int] | None
+) -> tuple[Any, dict]:
+    """A Parquet table (`paths`: a file, or a directory's Parquet files at any depth, `dt=`
+    partitions included, as `input_format` listed them) as PARSED rows, and what was read:
+    {format, shape, and for result rows rows_read}."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.utils import AnalysisException
 
-    from jobs.hadoopfs import HadoopPath
-
-    # The data files alone, listed as the window lists them: a directory may hold a manifest.
-    root = HadoopPath(spark, source)
-    glob = any(ch in source for ch in "*?[")
-    paths = [source] if glob or root.is_file() else [(root / f.name).qualified for f in root.files()]
     try:
         table = spark.read.option("mergeSchema", "true").option("recursiveFileLookup", "true").parquet(*paths)
     except AnalysisException as e:  # e.g. two files disagree on a column's type
