@@ -60,6 +60,9 @@ class CleanConfig:
     input_format: Literal["auto", "json", "parquet"] = "auto"
     # Parquet input: the table's column for a field, where its name differs, e.g. query=search_terms,ts=event_time
     columns: dict[str, str] = field(default_factory=dict)
+    # auto: local files are read by one Python task each, without the JVM (jobs/filetasks.py); spark: Spark's
+    # readers always (what auto does for hdfs://, s3a://, globs and result rows)
+    reader: Literal["auto", "spark"] = "auto"
 
 
 def log_dir(path: Path) -> Path:
@@ -110,20 +113,41 @@ def parse(raw: DataFrame, doc_ids: dict[str, int] | None = None) -> DataFrame:
     return numbered.mapInArrow(lambda batches: parse_batches(batches, shared.value), from_arrow_schema(PARSED))
 
 
-def read_input(
-    spark: SparkSession, source: str, cfg: CleanConfig, doc_ids: dict[str, int] | None
-) -> tuple[DataFrame, dict[str, Any]]:
-    """The input's rows as PARSED rows, JSON lines or a Parquet table (jobs/parquetlog.py), and what
-    was read ({format, and for a table its shape})."""
-    from jobs.parquetlog import input_format, parse_table
+def parse_input(
+    spark: SparkSession, source: str, cfg: CleanConfig, doc_ids: dict[str, int] | None, scratch: Path
+) -> dict[str, Any]:
+    """The input's rows, JSON lines or a Parquet table (jobs/parquetlog.py), parsed into `scratch`
+    as PARSED rows; returns what was read ({format, and for a table its shape}). Local files are
+    read by one Python task each (jobs/filetasks.py), anything else by Spark's readers."""
+    from jobs.filetasks import json_lines, local_files, parquet_rows, parse_files
+    from jobs.parquetlog import impression_batches, input_format, parse_table, read_layout
 
     found, paths = input_format(spark, source, cfg.input_format)
-    if found == "parquet":
-        return parse_table(spark, source, paths, cfg.columns, doc_ids)
-    if cfg.columns:
+    if found == "json" and cfg.columns:
         raise DssmError(f"clean.columns maps a Parquet table's columns, but {source} is read as JSON lines")
-    raw = spark.read.option("recursiveFileLookup", "true").text(source)
-    return parse(raw, doc_ids), {"format": "json"}
+    files = local_files(spark, paths) if cfg.reader == "auto" else None
+    shared = spark.sparkContext.broadcast(doc_ids) if doc_ids else None
+
+    def ids() -> dict[str, int] | None:
+        return shared.value if shared is not None else None
+
+    if found == "json":
+        if files is not None:
+            parse_files(spark, files, scratch, lambda batches: parse_batches(batches, ids()), json_lines)
+            return {"format": "json"}
+        parsed, info = parse(spark.read.option("recursiveFileLookup", "true").text(source), doc_ids), {"format": "json"}
+    else:
+        table, layout = read_layout(spark, source, paths, cfg.columns)
+        if files is not None and layout.shape == "impression_rows":
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            read = parquet_rows({f: layout.names[f] for f in layout.present}, to_arrow_schema(table.schema))
+            context = layout.context()
+            parse_files(spark, files, scratch, lambda batches: impression_batches(batches, context, ids()), read)
+            return {"format": "parquet", "shape": layout.shape}
+        parsed, info = parse_table(spark, table, layout, doc_ids)
+    parsed.write.parquet(str(scratch))
+    return info
 
 
 def resolve_catalogue(input_path: str, cfg: CleanConfig) -> Path | None:
@@ -211,8 +235,7 @@ def clean(
         with timed("parse and validate"):
             try:
                 catalogue = read_catalogue(catalogue_path) if catalogue_path else None
-                parsed_input, read_info = read_input(spark, source, cfg, catalogue.ids if catalogue else None)
-                parsed_input.write.parquet(str(scratch))
+                read_info = parse_input(spark, source, cfg, catalogue.ids if catalogue else None, scratch)
             except DssmError:
                 raise
             except Exception:

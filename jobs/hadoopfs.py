@@ -67,6 +67,12 @@ class HadoopPath:
     def qualified(self) -> str:
         return self._path.toString()
 
+    @property
+    def local_path(self) -> str | None:
+        """Where the path is on this machine's file system, for a `file:` path; else None."""
+        uri = self._path.toUri()
+        return uri.getPath() if uri.getScheme() == "file" else None
+
     def _status(self) -> Any:
         try:
             return self._fs.getFileStatus(self._path)

@@ -148,6 +148,10 @@ class Layout:
         else:
             self.version = 2 if names["doc_id"] in top else 1
 
+    def context(self) -> _Context:
+        """What the parser needs to know of the table on the executors."""
+        return _Context(self.names, self.version, self.shape)
+
     def _error(self, what: str, top: dict) -> DssmError:
         return DssmError(
             f"Parquet input {self.source}: {what}; its columns: {', '.join(top)} (docs/raw-log-format.md: "
@@ -155,27 +159,29 @@ class Layout:
         )
 
 
-def parse_table(
-    spark, source: str, paths: list[str], columns: dict[str, str], doc_ids: dict[str, int] | None
-) -> tuple[Any, dict]:
-    """A Parquet table (`paths`: a file, or a directory's Parquet files at any depth, `dt=`
-    partitions included, as `input_format` listed them) as PARSED rows, and what was read:
-    {format, shape, and for result rows rows_read}."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
+def read_layout(spark, source: str, paths: list[str], columns: dict[str, str]) -> tuple[Any, Layout]:
+    """The table at `paths` (`input_format`'s listing: a file, or a directory's Parquet files at any
+    depth, `dt=` partitions included) as a Spark DataFrame, and its Layout under `clean.columns`."""
     from pyspark.sql.utils import AnalysisException
 
     try:
         table = spark.read.option("mergeSchema", "true").option("recursiveFileLookup", "true").parquet(*paths)
     except AnalysisException as e:  # e.g. two files disagree on a column's type
         raise DssmError(f"Parquet input {source}: {str(e).splitlines()[0][:300]}") from None
-    names = column_names(columns)
-    layout = Layout(table.schema, names, source)
-    picked = [F.col(f"`{names[f]}`").alias(f) for f in layout.present]
+    return table, Layout(table.schema, column_names(columns), source)
+
+
+def parse_table(spark, table, layout: Layout, doc_ids: dict[str, int] | None) -> tuple[Any, dict]:
+    """The rows of `table` (`read_layout`) as PARSED rows, through Spark's reader, and what was
+    read: {format, shape, and for result rows rows_read}."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    picked = [F.col(f"`{layout.names[f]}`").alias(f) for f in layout.present]
     numbered = table.select(
         F.col("_metadata.file_path").alias("source"), F.monotonically_increasing_id().alias("line"), *picked
     )
-    context = _Context(names, layout.version, layout.shape)
+    context = layout.context()
     if doc_ids:
         shared = spark.sparkContext.broadcast(doc_ids)
         ids: Callable[[], dict[str, int] | None] = lambda: shared.value  # noqa: E731

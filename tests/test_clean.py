@@ -383,3 +383,50 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
         DssmError, match=r"mixes Parquet and other files: 2 Parquet .* and 1 others \(e.g. .*log.jsonl\)"
     ):
         clean(spark, str(tmp_path / "rows"), tmp_path / "clean-mixed", cfg)
+
+
+def _everything(path: Path) -> dict:
+    """A clean output in full: every dataset's rows (impressions in id order: their files follow the
+    input's split) and the counts."""
+    out = {d: pq.read_table(path / d) for d in ("pairs", "titles", "rejects")}
+    out["impressions"] = pq.read_table(path / "impressions").sort_by("impression_id")
+    return out | {"counts": read_manifest(path)["counts"], "input": read_manifest(path)["input"]}
+
+
+def test_file_tasks_read_what_sparks_readers_read(spark, tmp_path, v2_log):
+    """Local files are parsed by one Python task per file (jobs/filetasks.py), not through the JVM:
+    the same rows, rejects (their source and raw line included) and counts as Spark's readers give,
+    for JSON lines split by \\n, \\r\\n and \\r, a byte-order mark, blank and malformed lines, gzip and
+    bz2, and a Parquet table whose files differ in their columns."""
+    import bz2
+
+    from jobs.parquetlog import twin
+
+    lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
+    bad = [json.dumps(r).encode() for r in _bad_records(json.loads(lines[0]))]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # Spark packs larger files first; the larger file is first by name too, so both read it first
+    (logs / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines[:1500] + [lines[3], b"", b"{oops"] + bad))
+    (logs / "b.jsonl.bz2").write_bytes(bz2.compress(b"\r".join(lines[1500:1600]) + b"\n\n" + lines[1600] + b"\n"))
+    with gzip.open(logs / "c.jsonl.gz", "wb") as handle:
+        handle.write(b"\n".join(lines[1601:]))  # no final newline
+    cfg = CleanConfig(catalogue=str(v2_log / "catalogue.parquet"))
+    tasks = clean(spark, str(logs), tmp_path / "tasks", cfg)
+    spark_read = clean(spark, str(logs), tmp_path / "spark", CleanConfig(**{**cfg.__dict__, "reader": "spark"}))
+    assert tasks["counts"] == spark_read["counts"] and tasks["counts"]["lines_read"] == len(lines) + len(bad) + 4
+    assert _everything(tmp_path / "tasks") == _everything(tmp_path / "spark")
+    assert {"invalid_json", "empty_line", "duplicate_event"} <= set(tasks["counts"]["rejected_by_reason"])
+
+    table, _ = twin(iter(lines + bad), "impression_rows")
+    (tmp_path / "table").mkdir()
+    pq.write_table(table.slice(0, 1200), tmp_path / "table" / "a.parquet")
+    pq.write_table(table.slice(1200).drop_columns(["v"]), tmp_path / "table" / "b.parquet")
+    tasks = clean(spark, str(tmp_path / "table"), tmp_path / "tasks-table", cfg)
+    spark_read = clean(
+        spark, str(tmp_path / "table"), tmp_path / "spark-table", CleanConfig(**{**cfg.__dict__, "reader": "spark"})
+    )
+    assert _everything(tmp_path / "tasks-table") == _everything(tmp_path / "spark-table")
+    # a v column in one file only: the other file's rows have none, as in Spark's merged table (missing_field)
+    assert tasks["counts"]["rejected_by_reason"]["missing_field"] >= table.num_rows - 1200
+    assert tasks["input"] == {"format": "parquet", "shape": "impression_rows"}
