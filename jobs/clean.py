@@ -12,10 +12,11 @@ read = kept + rejected holds exactly (checked before anything is published):
   impressions of which `bot_min_click_rate` of all shown results were clicked).
 
 Lines are parsed and validated by `jobs.rawlog.parse_line` (queries and titles normalised exactly
-as PROTOCOL.md §2) once, into a temporary Parquet file; the rules read only the small columns
-they need from it, so the large rows are never shuffled, and one pass of Python tasks reads the
-kept lines' lists with pyarrow to write `impressions/` and count clicks per pair
-(`jobs.impressions.scan_parsed`).
+as PROTOCOL.md §2) once, into a temporary Parquet file (local files by one Python task each,
+`jobs.filetasks`); the rules read only the small columns they need from it, bucketed by hand
+between rounds of Python tasks (`jobs.rules`), and one pass of Python tasks reads the kept lines'
+lists with pyarrow to write `impressions/` and count clicks per pair (`jobs.impressions.scan_parsed`).
+Spark schedules those tasks, sums the pair counts and writes the outputs.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from core.artifacts import MANIFEST, code_fingerprint, content_sha256, data_files, publish, read_manifest
 from core.errors import DssmError
 from jobs.hadoopfs import HadoopPath
 from jobs.rawlog import MALFORMED_REASONS, PARSED, Catalogue, parse_batches, read_catalogue
+from jobs.rules import rule_drops
 from jobs.schemas import CLICK_PAIRS, REJECTS, TITLES
 from jobs.spark import cluster_errors, distinct_count, stable_layout, write_parquet
 
@@ -163,50 +165,6 @@ def resolve_catalogue(input_path: str, cfg: CleanConfig) -> Path | None:
     return own if "://" not in input_path and own.is_file() else None
 
 
-def rule_drops(parsed: DataFrame, cfg: CleanConfig) -> DataFrame:
-    """(line, reason) of well-formed lines dropped by rule: duplicates, empty queries, bots."""
-    # Only small columns take part in the shuffles below.
-    good = parsed.where(F.col("reason").isNull()).select(
-        "line",
-        "impression_id",
-        "user_id",
-        "ts_ms",
-        (F.col("query") == "").alias("empty"),
-        "clicks",
-        "shown",
-    )
-    first = Window.partitionBy("impression_id").orderBy("line")
-    # Persisted (small columns only): every rule below reads it, the window runs once.
-    ranked = good.withColumn("n", F.row_number().over(first)).persist()
-    duplicates = ranked.where("n > 1").select("line", F.lit("duplicate_event").alias("rule"))
-    unique = ranked.where("n = 1")
-    empty = unique.where("empty").select("line", F.lit("empty_query").alias("rule"))
-    humans_or_bots = unique.where(~F.col("empty"))
-    # Impressions in the 60 s from each one of the user's on: a sliding window, so a burst that
-    # straddles a minute boundary counts whole (calendar minutes would split it in two). One
-    # shuffle by user serves the window and the per-user totals.
-    next_minute = Window.partitionBy("user_id").orderBy("ts_ms").rangeBetween(0, 59_999)
-    per_user = (
-        humans_or_bots.select("user_id", "clicks", "shown", F.count("*").over(next_minute).alias("in_minute"))
-        .groupBy("user_id")
-        .agg(
-            F.max("in_minute").alias("peak_per_minute"),
-            F.count("*").alias("impressions"),
-            F.sum("clicks").alias("clicks"),
-            F.sum("shown").alias("shown"),
-        )
-    )
-    bots = per_user.where(
-        (F.col("peak_per_minute") > cfg.bot_max_per_minute)
-        | (
-            (F.col("impressions") >= cfg.bot_min_impressions)
-            & (F.col("clicks") >= cfg.bot_min_click_rate * F.col("shown"))
-        )
-    ).select("user_id")
-    bot_lines = humans_or_bots.join(F.broadcast(bots), "user_id").select("line", F.lit("bot_user").alias("rule"))
-    return duplicates.unionByName(empty).unionByName(bot_lines)
-
-
 def clean(
     spark: SparkSession,
     input_path: str,
@@ -249,7 +207,8 @@ def clean(
             raise DssmError(f"no lines to read in {source}")
 
         with timed("rules (duplicates, empty queries, bots)"):
-            drops = rule_drops(parsed, cfg).persist()
+            files = [str(f) for f in sorted(scratch.glob("*.parquet"))]
+            drops = spark.read.parquet(str(rule_drops(spark, files, tmp / "_rules", cfg))).persist()
             drops.count()
         # Not persisted: each action below re-reads only the Parquet columns it needs.
         status = parsed.join(F.broadcast(drops), "line", "left").withColumn(
@@ -311,6 +270,7 @@ def clean(
         spark.catalog.clearCache()  # drops, all_pairs and the rules' persisted rows
         shutil.rmtree(scratch)
         shutil.rmtree(tmp / "_counts")
+        shutil.rmtree(tmp / "_rules")
 
         if lines_read != kept_n + rejected or n_rejects != rejected or n_impressions != kept_n:
             raise DssmError(

@@ -36,7 +36,6 @@ _CHUNK = 8 << 20  # bytes read from a file at a time
 _BOM = b"\xef\xbb\xbf"
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
 OTHER_CODECS = (".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".br", ".lzo")  # Hadoop reads these; not taken here
-TASKS = "file long, rows long"  # what a task yields per file, as a Spark schema
 
 
 def local_files(spark: Any, paths: list[str]) -> list[tuple[str, str]] | None:
@@ -71,29 +70,27 @@ def parse_files(
     `read(source, path, index)` through `parse` (PARSED batches), written by the task that read
     them. Returns the rows written. A retried task rewrites its own file."""
     from jobs.rawlog import PARSED
+    from jobs.spark import python_tasks
 
     scratch.mkdir(parents=True)
     shared = spark.sparkContext.broadcast((files, str(scratch)))
 
-    def task(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(i: int) -> int:
         files, out = shared.value
-        for batch in ids:
-            for i in batch.column(0).to_pylist():
-                source, path = files[i]
-                rows, pending = 0, []
-                with pq.ParquetWriter(Path(out) / f"part-{i:05d}.parquet", PARSED, compression="snappy") as writer:
-                    for parsed in parse(read(source, path, i)):
-                        pending.append(parsed)
-                        rows += parsed.num_rows
-                        if sum(b.num_rows for b in pending) >= ROW_GROUP:  # few, large row groups, as Spark writes
-                            writer.write_table(pa.Table.from_batches(pending))
-                            pending.clear()
-                    if pending:
-                        writer.write_table(pa.Table.from_batches(pending))
-                yield pa.RecordBatch.from_pydict({"file": [i], "rows": [rows]})
+        source, path = files[i]
+        rows, pending = 0, []
+        with pq.ParquetWriter(Path(out) / f"part-{i:05d}.parquet", PARSED, compression="snappy") as writer:
+            for parsed in parse(read(source, path, i)):
+                pending.append(parsed)
+                rows += parsed.num_rows
+                if sum(b.num_rows for b in pending) >= ROW_GROUP:  # few, large row groups, as Spark writes
+                    writer.write_table(pa.Table.from_batches(pending))
+                    pending.clear()
+            if pending:
+                writer.write_table(pa.Table.from_batches(pending))
+        return rows
 
-    done = spark.range(len(files), numPartitions=max(1, len(files))).mapInArrow(task, TASKS).collect()
-    return sum(r["rows"] for r in done)
+    return python_tasks(spark, len(files), task)
 
 
 def first_line(index: int) -> int:

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -209,3 +209,20 @@ def _count_rows(path: Path) -> int:
 def distinct_count(path: Path, column: str) -> int:
     """Distinct values of one column of a written dataset, read back with pyarrow (no Spark job)."""
     return len(pq.read_table(path, columns=[column]).column(column).unique())
+
+
+def python_tasks(
+    spark: SparkSession, count: int, task: Callable[[int], int], schema: str = "task long, rows long"
+) -> int:
+    """`task(i)` for i in range(count), one Spark task each (Python work that reads and writes its
+    own files: Spark only schedules it); returns the sum of what the tasks returned."""
+
+    def run(ids: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in ids:
+            for i in batch.column(0).to_pylist():
+                yield pa.RecordBatch.from_pydict({"task": [i], "rows": [task(i)]})
+
+    done = spark.range(count, numPartitions=max(1, count)).mapInArrow(run, schema).collect()
+    return sum(r["rows"] for r in done)
