@@ -6,8 +6,8 @@ and the clicks and impressions per (query, title) that `pairs/` and `titles/` ar
 pyarrow: the list columns never pass through the JVM, and dropped lines are a sorted array of
 line numbers, not a join. Built per Arrow batch with numpy, no Python object per row: v2 title
 ids are named from the catalogue's titles by one `take`, each list is put in position order,
-clicks are matched to their shown position by a sorted search, and the pairs are counted by
-pyarrow's group-by on integer codes. Each task writes its own Parquet files with pyarrow
+clicks are matched to their shown position by a sorted search, and the pairs are counted on
+integer codes with numpy (`PairCounts`). Each task writes its own Parquet files with pyarrow
 (docs/studies/clean-throughput.md has what this bought).
 """
 
@@ -35,7 +35,7 @@ COUNTED = pa.schema(
     [("query", pa.string()), ("title", pa.string()), ("clicks", pa.int64()), ("impressions", pa.int64())]
 )
 _BATCH = 65_536  # rows read from the scratch at a time
-_MERGE = 32  # per-batch pair counts are merged every this many batches (bounds a task's memory)
+_MERGE = 32  # per-batch pair keys are summed every this many batches (bounds a task's memory)
 
 
 def scan_parsed(
@@ -55,27 +55,75 @@ def scan_parsed(
     named = pa.array(titles or [], pa.string())
     for batch in ids:
         for i in batch.column(0).to_pylist():
-            partial: list[pa.Table] = []
+            pairs = PairCounts(named)
 
-            def rows_of(file: str) -> Iterator[pa.RecordBatch]:
-                nonlocal partial
+            def rows_of(file: str, pairs: PairCounts) -> Iterator[pa.RecordBatch]:
                 for kept in _kept_batches(file, dropped):
                     for version in (1, 2):
                         lines = kept.filter(pc.equal(kept.column("v"), version))
                         if len(lines):
-                            out, pairs = _impressions(lines, named, version)
-                            partial.append(pairs)
-                            yield out
-                    if len(partial) >= _MERGE:
-                        partial = [_merge(partial)]
+                            yield _impressions(lines, named, version, pairs)
 
             name = f"part-{i:05d}.parquet"
             if impressions is not None:
-                rows = _write(rows_of(files[i]), Path(impressions) / name)
+                rows = _write(rows_of(files[i], pairs), Path(impressions) / name)
             else:
-                rows = sum(b.num_rows for b in rows_of(files[i]))
-            pq.write_table(_merge(partial), Path(counts) / name)
+                rows = sum(b.num_rows for b in rows_of(files[i], pairs))
+            pq.write_table(pairs.table(), Path(counts) / name)
             yield pa.RecordBatch.from_pydict({"impressions": [rows], "counts": [name]})
+
+
+class PairCounts:
+    """Clicks and impressions per (query, title) of one task's shown results, counted on integer
+    codes: a query's code is its place in the order first seen, a title's its catalogue row (v2)
+    or, past the catalogue's rows, its place among the v1 titles first seen. Strings are looked up
+    once per distinct value of a batch and named once per pair, at the end."""
+
+    def __init__(self, titles: pa.Array):
+        self.catalogue = titles
+        self.queries: dict[str, int] = {}
+        self.v1_titles: dict[str, int] = {}
+        self.keys: list[np.ndarray] = []  # (query code << 32) | title code, per shown result or summed pair
+        self.clicks: list[np.ndarray] = []
+        self.shown: list[np.ndarray] = []
+
+    def add(self, query: pa.Array, parent: np.ndarray, keys: pa.Array, clicked: np.ndarray, version: int) -> None:
+        """Shown results: `parent` their row of `query`, `keys` their titles (v1) or title ids (v2)."""
+        q = _codes(query, self.queries, 0)[parent]
+        t = keys.to_numpy().astype(np.int64) if version == 2 else _codes(keys, self.v1_titles, len(self.catalogue))
+        self.keys.append((q << 32) | t)
+        self.clicks.append(clicked.astype(np.int64))
+        self.shown.append(np.ones(len(t), np.int64))
+        if len(self.keys) >= _MERGE:
+            self._sum()
+
+    def _sum(self) -> None:
+        """The lists summed per key (bounds a task's memory); a hash group-by, faster than a sort."""
+        columns = {"key": self.keys, "clicks": self.clicks, "shown": self.shown}
+        table = pa.table({name: np.concatenate(parts) for name, parts in columns.items()})
+        summed = table.group_by("key", use_threads=False).aggregate([("clicks", "sum"), ("shown", "sum")])
+        self.keys = [summed.column("key").to_numpy()]
+        self.clicks = [summed.column("clicks_sum").to_numpy()]
+        self.shown = [summed.column("shown_sum").to_numpy()]
+
+    def table(self) -> pa.Table:
+        """COUNTED: the sums per (query, title) of everything added."""
+        if not self.keys:
+            return COUNTED.empty_table()
+        self._sum()
+        (keys,), (clicks,), (shown,) = self.keys, self.clicks, self.shown
+        queries = pa.array(list(self.queries), pa.string()).take(pa.array(keys >> 32))
+        titles = pa.concat_arrays([self.catalogue, pa.array(list(self.v1_titles), pa.string())])
+        names = titles.take(pa.array(keys & 0xFFFFFFFF))
+        return pa.Table.from_arrays([queries, names, pa.array(clicks), pa.array(shown)], schema=COUNTED)
+
+
+def _codes(values: pa.Array, seen: dict[str, int], start: int) -> np.ndarray:
+    """Each string's code: `start` + its place in `seen` (the order strings were first seen; new
+    ones are added), looked up once per distinct value."""
+    encoded = pc.dictionary_encode(values)
+    distinct = [seen.setdefault(v, len(seen)) for v in encoded.dictionary.to_pylist()]
+    return np.asarray(distinct, np.int64)[encoded.indices.to_numpy()] + start
 
 
 def _write(batches: Iterator[pa.RecordBatch], path: Path) -> int:
@@ -117,20 +165,9 @@ def _kept_batches(path: str, dropped: np.ndarray) -> Iterator[pa.RecordBatch]:
             yield batch.filter(pa.array(keep)).select(list(PARSED_COLUMNS))
 
 
-def _merge(partial: list[pa.Table]) -> pa.Table:
-    """One COUNTED table of per-batch ones: their sums per (query, title)."""
-    if not partial:
-        return COUNTED.empty_table()
-    counted = (
-        pa.concat_tables(partial).group_by(["query", "title"]).aggregate([("clicks", "sum"), ("impressions", "sum")])
-    )
-    columns = [counted.column(c) for c in ("query", "title", "clicks_sum", "impressions_sum")]
-    return pa.Table.from_arrays(columns, schema=COUNTED)
-
-
-def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> tuple[pa.RecordBatch, pa.Table]:
-    """The IMPRESSIONS batch of parsed rows of one format version, and per shown result its
-    (query, key, clicked): the key is the title (v1) or title id (v2), for `_pair_counts`."""
+def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int, pairs: PairCounts) -> pa.RecordBatch:
+    """The IMPRESSIONS batch of parsed rows of one format version; their shown results, each with
+    its query, title (v1) or title id (v2) and whether it was clicked, added to `pairs`."""
     shown = rows.column("positions")
     parent = pc.list_parent_indices(shown).to_numpy()
     position = pc.list_flatten(shown).to_numpy()
@@ -162,28 +199,10 @@ def _impressions(rows: pa.RecordBatch, titles: pa.Array, version: int) -> tuple[
         "clicked": listed(clicked, pa.bool_()),
         "dwell_ms": listed(np.minimum(dwell, 2**31 - 1), pa.int32()),
     }
-    batch = pa.RecordBatch.from_arrays(
+    pairs.add(rows.column("query"), parent, keys, clicked, version)
+    return pa.RecordBatch.from_arrays(
         [columns[f.name] for f in IMPRESSIONS], schema=pa.schema([pa.field(f.name, f.type) for f in IMPRESSIONS])
     )
-    return batch, _pair_counts(rows.column("query"), parent, keys, clicked, None if version == 1 else titles)
-
-
-def _pair_counts(
-    query: pa.Array, parent: np.ndarray, keys: pa.Array, clicked: np.ndarray, titles: pa.Array | None
-) -> pa.Table:
-    """COUNTED of shown results (parent: their row; keys: their titles, or title ids into
-    `titles`), grouped on integer codes: strings are named once per pair, not once per result."""
-    codes = pc.dictionary_encode(query)
-    shown = pa.table({"q": codes.indices.take(pa.array(parent)), "key": keys, "clicked": clicked.astype(np.int64)})
-    counted = shown.group_by(["q", "key"]).aggregate([("clicked", "sum"), ("clicked", "count")])
-    key = counted.column("key")
-    columns = [
-        codes.dictionary.take(counted.column("q")),
-        key if titles is None else titles.take(key),
-        counted.column("clicked_sum"),
-        counted.column("clicked_count"),
-    ]
-    return pa.Table.from_arrays(columns, schema=COUNTED)
 
 
 def _offsets(lists: pa.Array) -> pa.Array:
