@@ -15,7 +15,7 @@ Lines are parsed and validated by `jobs.rawlog.parse_line` (queries and titles n
 as PROTOCOL.md §2) once, into a temporary Parquet file (local files by one Python task each,
 `jobs.filetasks`); the rules read only the small columns they need from it, bucketed by hand
 between rounds of Python tasks (`jobs.rules`), and one pass of Python tasks reads the kept lines'
-lists with pyarrow to write `impressions/` and count clicks per pair (`jobs.impressions.scan_parsed`).
+lists with pyarrow to write `impressions/` and count clicks per pair (`jobs.impressions.scan_file`).
 Spark schedules those tasks, sums the pair counts and writes the outputs.
 """
 
@@ -307,15 +307,17 @@ def clean(
 def scan_kept(
     scratch: Path, drops: DataFrame, catalogue: Catalogue | None, impressions: Path | None, counts: Path
 ) -> tuple[int, DataFrame]:
-    """One pass over the kept lines of the parsed scratch (`jobs.impressions.scan_parsed`, a task
+    """One pass over the kept lines of the parsed scratch (`jobs.impressions.scan_file`, a task
     per scratch file): `impressions/` written (unless `impressions` is None) and the clicks and
     impressions per (query, title) of each file. Returns the kept lines seen and those counts
     (not yet summed across files). Impressions keep line order within a file, and a rerun parses
     into the same files, so the bytes are the same too."""
     import numpy as np
+    import pyarrow as pa
 
-    from jobs.impressions import SCANNED, scan_parsed
+    from jobs.impressions import scan_file
     from jobs.schemas import IMPRESSIONS, check_parquet
+    from jobs.spark import python_tasks
 
     spark = drops.sparkSession
     files = [str(f) for f in sorted(scratch.glob("*.parquet"))]
@@ -324,18 +326,19 @@ def scan_kept(
     counts.mkdir()
     if impressions is not None:
         impressions.mkdir()
-    out, where = str(counts), str(impressions) if impressions is not None else None
 
-    def scan(ids):
+    def scan(i: int) -> int:
         files, dropped, titles = shared.value
-        return scan_parsed(ids, files, dropped, titles, where, out)
+        name = f"part-{i:05d}.parquet"
+        written = impressions / name if impressions is not None else None
+        return scan_file(files[i], dropped, pa.array(titles or [], pa.string()), written, counts / name)
 
-    scanned = spark.range(len(files), numPartitions=max(1, len(files))).mapInArrow(scan, SCANNED).collect()
+    kept = python_tasks(spark, len(files), scan)
     if impressions is not None:
         for i, part in enumerate(sorted(impressions.glob("part-*.parquet"))):
             part.rename(impressions / f"part-{i:05d}.parquet")
         check_parquet(impressions, IMPRESSIONS)
-    return sum(r["impressions"] for r in scanned), spark.read.parquet(out)
+    return kept, spark.read.parquet(str(counts))
 
 
 def damaged_input(spark: SparkSession, source: str) -> str | None:

@@ -2,7 +2,7 @@
 titles in rank order with their click flags and dwell times, schema `jobs.schemas.IMPRESSIONS`)
 and the clicks and impressions per (query, title) that `pairs/` and `titles/` are summed from.
 
-`scan_parsed` runs as Spark tasks over the files of clean's parsed scratch, each read with
+`scan_file` runs as a Spark task per file of clean's parsed scratch, each read with
 pyarrow: the list columns never pass through the JVM, and dropped lines are a sorted array of
 line numbers, not a join. Built per Arrow batch with numpy, no Python object per row: v2 title
 ids are named from the catalogue's titles by one `take`, each list is put in position order,
@@ -30,7 +30,6 @@ ROW_GROUP = 131_072  # rows per Parquet row group
 # titles column stays dictionary-encoded (past pyarrow's default 1 MB it falls back to plain
 # strings): at 1M impressions a third of the bytes, writes ~35% and reads ~2x cheaper.
 DICTIONARY = 8 << 20
-SCANNED = "impressions long, counts string"  # what `scan_parsed` yields per scratch file, as a Spark schema
 COUNTED = pa.schema(
     [("query", pa.string()), ("title", pa.string()), ("clicks", pa.int64()), ("impressions", pa.int64())]
 )
@@ -38,39 +37,24 @@ _BATCH = 65_536  # rows read from the scratch at a time
 _MERGE = 32  # per-batch pair keys are summed every this many batches (bounds a task's memory)
 
 
-def scan_parsed(
-    ids: Iterator[pa.RecordBatch],
-    files: list[str],
-    dropped: np.ndarray,
-    titles: list[str] | None,
-    impressions: str | None,
-    counts: str,
-) -> Iterator[pa.RecordBatch]:
-    """Used with mapInArrow over row numbers of `files` (the parsed scratch's files): per file, its
-    kept lines (no `reason`, `line` not in the sorted array `dropped`) written as impressions to
-    `impressions/part-IIIII.parquet` (None: not written; no file for a file without kept lines),
-    and their clicks and impressions per (query, title) to `counts/part-IIIII.parquet` (COUNTED).
-    `titles`: the catalogue's distinct normalised titles, which v2 title ids index. Yields
-    (kept lines, counts file) per file. A retried task rewrites its own files."""
-    named = pa.array(titles or [], pa.string())
-    for batch in ids:
-        for i in batch.column(0).to_pylist():
-            pairs = PairCounts(named)
+def scan_file(file: str, dropped: np.ndarray, titles: pa.Array, impressions: Path | None, counts: Path) -> int:
+    """One file of the parsed scratch, read with pyarrow (a Spark task's work): its kept lines (no
+    `reason`, `line` not in the sorted array `dropped`) written as impressions to `impressions`
+    (None: not written; no file for a file without kept lines), and their clicks and impressions
+    per (query, title) to `counts` (COUNTED). `titles`: the catalogue's distinct normalised
+    titles, which v2 title ids index. Returns the kept lines. A retried task rewrites its files."""
+    pairs = PairCounts(titles)
 
-            def rows_of(file: str, pairs: PairCounts) -> Iterator[pa.RecordBatch]:
-                for kept in _kept_batches(file, dropped):
-                    for version in (1, 2):
-                        lines = kept.filter(pc.equal(kept.column("v"), version))
-                        if len(lines):
-                            yield _impressions(lines, named, version, pairs)
+    def rows() -> Iterator[pa.RecordBatch]:
+        for kept in _kept_batches(file, dropped):
+            for version in (1, 2):
+                lines = kept.filter(pc.equal(kept.column("v"), version))
+                if len(lines):
+                    yield _impressions(lines, titles, version, pairs)
 
-            name = f"part-{i:05d}.parquet"
-            if impressions is not None:
-                rows = _write(rows_of(files[i], pairs), Path(impressions) / name)
-            else:
-                rows = sum(b.num_rows for b in rows_of(files[i], pairs))
-            pq.write_table(pairs.table(), Path(counts) / name)
-            yield pa.RecordBatch.from_pydict({"impressions": [rows], "counts": [name]})
+    kept = _write(rows(), impressions) if impressions is not None else sum(b.num_rows for b in rows())
+    pq.write_table(pairs.table(), counts)
+    return kept
 
 
 class PairCounts:
