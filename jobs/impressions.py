@@ -37,24 +37,20 @@ _BATCH = 65_536  # rows read from the scratch at a time
 _MERGE = 32  # per-batch pair keys are summed every this many batches (bounds a task's memory)
 
 
-def scan_file(file: str, dropped: np.ndarray, titles: pa.Array, impressions: Path | None, counts: Path) -> int:
-    """One file of the parsed scratch, read with pyarrow (a Spark task's work): its kept lines (no
+def scan_file(file: str, dropped: np.ndarray, pairs: PairCounts, impressions: Path | None) -> int:
+    """One file of the parsed scratch, read with pyarrow (in a Spark task): its kept lines (no
     `reason`, `line` not in the sorted array `dropped`) written as impressions to `impressions`
-    (None: not written; no file for a file without kept lines), and their clicks and impressions
-    per (query, title) to `counts` (COUNTED). `titles`: the catalogue's distinct normalised
-    titles, which v2 title ids index. Returns the kept lines. A retried task rewrites its files."""
-    pairs = PairCounts(titles)
+    (None: not written; no file for a file without kept lines), and their shown results added to
+    `pairs`. Returns the kept lines. A retried task rewrites its files."""
 
     def rows() -> Iterator[pa.RecordBatch]:
         for kept in _kept_batches(file, dropped):
             for version in (1, 2):
                 lines = kept.filter(pc.equal(kept.column("v"), version))
                 if len(lines):
-                    yield _impressions(lines, titles, version, pairs)
+                    yield _impressions(lines, pairs.catalogue, version, pairs)
 
-    kept = _write(rows(), impressions) if impressions is not None else sum(b.num_rows for b in rows())
-    pq.write_table(pairs.table(), counts)
-    return kept
+    return _write(rows(), impressions) if impressions is not None else sum(b.num_rows for b in rows())
 
 
 class PairCounts:
