@@ -66,7 +66,9 @@ def rule_drops(spark: Any, scratch: list[str], work: Path, cfg: Any) -> Path:
     def split(task: int) -> int:
         files, ids, _, _, buckets, _ = shared.value
         table = pq.read_table(files[task], columns=["reason", *_IDS]).filter(pc.is_null(pc.field("reason")))
-        return _write_buckets(table.drop_columns(["reason"]), "impression_id", buckets, ids, task)
+        empty = pc.equal(table.column("query"), "")  # the one thing the rules ask of a query
+        table = table.drop_columns(["reason", "query"]).append_column("empty", empty)
+        return _write_buckets(table, "impression_id", buckets, ids, task)
 
     def dedupe(bucket: int) -> int:
         _, ids, users, drops, buckets, _ = shared.value
@@ -109,7 +111,7 @@ def _dedupe(lines: pa.Table, users: str, drops: str, bucket: int, buckets: int) 
     later = np.zeros(lines.num_rows, bool)
     if lines.num_rows > 1:
         later[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
-    empty = pc.equal(lines.column("query"), "").to_numpy(zero_copy_only=False) & ~later
+    empty = lines.column("empty").to_numpy(zero_copy_only=False) & ~later
     line = lines.column("line").to_numpy()
     _write_drops(drops, f"ids-{bucket:05d}", [(line[later], "duplicate_event"), (line[empty], "empty_query")])
     rest = lines.filter(pa.array(~later & ~empty)).select(["line", "user_id", "ts_ms", "clicks", "shown"])
