@@ -175,13 +175,22 @@ def clean(
 ) -> dict[str, Any]:
     """`listed`: (where the lines are, their `jobs.hadoopfs.fingerprint`), for an input already
     resolved and fingerprinted on its Hadoop file system (a window's day, jobs/window.py); else the
-    input is resolved here and a local one hashed byte for byte."""
+    input is resolved here: a local path hashed byte for byte, a URI (`file://`, `hdfs://`,
+    `s3a://`) fingerprinted through Hadoop's FileSystem (which needs the Spark session)."""
+    from jobs.hadoopfs import fingerprint
+
+    glob = any(ch in input_path for ch in "*?[")
+    if listed is None and "://" in input_path and not glob:
+        root = HadoopPath(spark, input_path)
+        if not root.exists():
+            raise DssmError(f"raw log input not found: {input_path}")
+        logs = fs_log_dir(root)
+        listed = (logs.uri, fingerprint(logs.files()))
     if listed is not None:
         (source, source_hash), remote = listed, False
     else:
         source = resolve_input(input_path)
-        # A remote (s3a://, hdfs://) or glob input is not hashed here, so it is never taken as unchanged.
-        remote = "://" in source or any(ch in source for ch in "*?[")
+        remote = glob  # a glob's files are not listed here, so it is never taken as unchanged
         source_hash = None if remote else content_sha256(Path(source))
     inputs = {"raw": {"path": source, "sha256": source_hash}}
     catalogue_path = resolve_catalogue(input_path, cfg)

@@ -430,3 +430,22 @@ def test_file_tasks_read_what_sparks_readers_read(spark, tmp_path, v2_log):
     # a v column in one file only: the other file's rows have none, as in Spark's merged table (missing_field)
     assert tasks["counts"]["rejected_by_reason"]["missing_field"] >= table.num_rows - 1200
     assert tasks["input"] == {"format": "parquet", "shape": "impression_rows"}
+
+
+def test_a_uri_input_is_fingerprinted_so_an_unchanged_rerun_is_a_no_op(spark, tmp_path, v2_log):
+    """A `file://` (or `hdfs://`, `s3a://`) input is fingerprinted through Hadoop's FileSystem, as a
+    windowed run's days are: a rerun over the same files is skipped, a rewritten file is cleaned
+    again (it used to be cleaned on every run)."""
+    shutil.copytree(v2_log, tmp_path / "sim")
+    uri = (tmp_path / "sim").as_uri()  # a `dssm simulate` output: its logs/ are read
+    cfg = CleanConfig(catalogue=str(v2_log / "catalogue.parquet"))
+    first = clean(spark, uri, tmp_path / "out", cfg)
+    assert first["inputs"]["raw"]["path"] == f"{uri}/logs" and first["inputs"]["raw"]["sha256"]
+    assert clean(spark, uri, tmp_path / "out", cfg) == first | {"skipped": True}
+    part = next((tmp_path / "sim" / "logs").glob("part-*"))
+    part.write_bytes(part.read_bytes() + gzip.compress(b"{}\n"))  # one more (malformed) line
+    again = clean(spark, uri, tmp_path / "out", cfg)
+    assert not again["skipped"]
+    assert again["counts"]["lines_read"] == first["counts"]["lines_read"] + 1, (again["counts"], first["counts"])
+    with pytest.raises(DssmError, match="raw log input not found"):
+        clean(spark, (tmp_path / "nowhere").as_uri(), tmp_path / "out", cfg)
