@@ -217,7 +217,7 @@ def clean(
 
         with timed("rules (duplicates, empty queries, bots)"):
             files = [str(f) for f in sorted(scratch.glob("*.parquet"))]
-            drops = spark.read.parquet(str(rule_drops(spark, files, tmp / "_rules", cfg))).persist()
+            drops = spark.read.parquet(str(rule_drops(spark, files, tmp / "_rules", cfg, lines_read))).persist()
             drops.count()
         # Not persisted: each action below re-reads only the Parquet columns it needs.
         status = parsed.join(F.broadcast(drops), "line", "left").withColumn(

@@ -29,7 +29,7 @@ DROPS = pa.schema([("line", pa.int64()), ("rule", pa.string())])
 _IDS = ["line", "impression_id", "user_id", "ts_ms", "query", "clicks", "shown"]
 _P = np.uint64(0x100000001B3)
 _MIX = np.uint64(0xFF51AFD7ED558CCD)
-_TASK = "task long, rows long"
+BUCKET_ROWS = 2_000_000  # lines per bucket at most, about (~100 MB of a task's memory)
 
 
 def bucket_of(values: pa.Array, buckets: int) -> np.ndarray:
@@ -51,12 +51,13 @@ def bucket_of(values: pa.Array, buckets: int) -> np.ndarray:
     return (h % np.uint64(buckets)).astype(np.int64)
 
 
-def rule_drops(spark: Any, scratch: list[str], work: Path, cfg: Any) -> Path:
-    """The rules over the parsed scratch files: `work/drops`, Parquet files of (line, rule) per
-    dropped line. `cfg`: clean's CleanConfig (the bot thresholds)."""
+def rule_drops(spark: Any, scratch: list[str], work: Path, cfg: Any, lines: int) -> Path:
+    """The rules over the parsed scratch files (`lines` rows in all): `work/drops`, Parquet files of
+    (line, rule) per dropped line. `cfg`: clean's CleanConfig (the bot thresholds)."""
     from jobs.spark import python_tasks
 
-    buckets = max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    # A bucket is sorted in one task's memory: Spark's shuffle partitions, or more for a large input.
+    buckets = max(1, int(spark.conf.get("spark.sql.shuffle.partitions")), -(-lines // BUCKET_ROWS))
     ids, users, drops = work / "ids", work / "users", work / "drops"
     for d in (ids, users, drops):
         d.mkdir(parents=True)
@@ -78,9 +79,9 @@ def rule_drops(spark: Any, scratch: list[str], work: Path, cfg: Any) -> Path:
         _, _, users, drops, _, limits = shared.value
         return _bots(_read_bucket(users, bucket), drops, bucket, *limits)
 
-    python_tasks(spark, len(scratch), split, _TASK)
-    python_tasks(spark, buckets, dedupe, _TASK)
-    python_tasks(spark, buckets, bots, _TASK)
+    python_tasks(spark, len(scratch), split)
+    python_tasks(spark, buckets, dedupe)
+    python_tasks(spark, buckets, bots)
     return drops
 
 
