@@ -26,12 +26,14 @@ import json
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -217,19 +219,16 @@ def clean(
 
         with timed("rules (duplicates, empty queries, bots)"):
             files = [str(f) for f in sorted(scratch.glob("*.parquet"))]
-            drops = spark.read.parquet(str(rule_drops(spark, files, tmp / "_rules", cfg, lines_read))).persist()
-            drops.count()
+            dropped = rule_drops(spark, files, tmp / "_rules", cfg, lines_read)
+            drops = spark.read.parquet(str(dropped)).persist()
         # Not persisted: each action below re-reads only the Parquet columns it needs.
         status = parsed.join(F.broadcast(drops), "line", "left").withColumn(
             "status", F.coalesce("reason", "rule", F.lit("kept"))
         )
         with timed("reconcile counts"):
-            counted = status.groupBy("status", "v").count().collect()
-        counts: dict[str, int] = {}
-        for r in counted:
-            counts[r["status"]] = counts.get(r["status"], 0) + r["count"]
-        kept_n = counts.pop("kept", 0)
+            counts = rejected_by_reason(files, dropped)
         rejected = sum(counts.values())
+        kept_n = lines_read - rejected
         malformed = sum(n for reason, n in counts.items() if reason in MALFORMED_REASONS)
         if kept_n == 0:
             raise DssmError(f"no usable impression in {source}: {lines_read} lines read, all rejected ({_top(counts)})")
@@ -323,7 +322,6 @@ def scan_kept(
     into the same files, so the bytes are the same too."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from jobs.impressions import PairCounts, scan_file
     from jobs.schemas import IMPRESSIONS, check_parquet
@@ -357,6 +355,18 @@ def scan_kept(
             part.rename(impressions / f"part-{i:05d}.parquet")
         check_parquet(impressions, IMPRESSIONS)
     return kept, spark.read.parquet(str(counts))
+
+
+def rejected_by_reason(scratch: list[str], drops: Path) -> dict[str, int]:
+    """Lines per reject reason: the malformed ones' reasons in the parsed scratch, the rules' in
+    their drops (no line has both: the rules read well-formed lines only). Read with pyarrow, one
+    column each."""
+    counts: Counter[str] = Counter()
+    for table, column in [*((f, "reason") for f in scratch), (drops, "rule")]:
+        for item in pq.read_table(table, columns=[column]).column(column).combine_chunks().value_counts().to_pylist():
+            if item["values"] is not None:
+                counts[item["values"]] += item["counts"]
+    return dict(counts)
 
 
 def damaged_input(spark: SparkSession, source: str) -> str | None:
