@@ -41,8 +41,8 @@ def bucket_of(values: pa.Array, buckets: int) -> np.ndarray:
     starts, lengths = offsets - offsets[0], np.diff(offsets)
     local = np.arange(len(data)) - np.repeat(starts[:-1], lengths)  # each byte's place in its string
     with np.errstate(over="ignore"):
-        powers = np.cumprod(np.full(max(int(lengths.max(initial=0)), 1), _P, np.uint64)) // _P
-        powers[0] = 1
+        longest = int(lengths.max(initial=0))
+        powers = np.concatenate([np.ones(1, np.uint64), np.cumprod(np.full(max(longest - 1, 0), _P, np.uint64))])
         summed = np.concatenate([np.zeros(1, np.uint64), np.cumsum(data.astype(np.uint64) * powers[local])])
         h = summed[starts[1:]] - summed[starts[:-1]] + lengths.astype(np.uint64)
         h ^= h >> np.uint64(33)
