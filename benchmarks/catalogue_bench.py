@@ -89,7 +89,7 @@ def main() -> None:
         sys.exit(f"{args.judgments} is absent: this benchmark needs ../shared/data")
 
     from evaluation.evaluate import dev_queries
-    from evaluation.hybrid import fit_weight
+    from evaluation.hybrid import fit_weights
     from evaluation.lexical import BM25, Collection
     from evaluation.neural import TwoTowerEmbedder
 
@@ -132,7 +132,7 @@ def main() -> None:
     if args.dev:
         bm25 = BM25.fit(Collection([p.title for p in pairs]))
         dev = build_eval_set(pairs, judged.name, judged.sha256, only=dev_queries(args.dev), spec=judged.spec)
-        fusion = {"bm25": bm25.to_dict(), "weight": fit_weight(dev, embedder, bm25).weight}
+        fusion = {"bm25": bm25.to_dict(), "weight": fit_weights(dev, embedder, [bm25]).weights[0]}
         dense_only = Retriever(indexes["flat"], catalogue, embedder, fusion)
         searcher = Retriever(indexes["flat"], catalogue, embedder, fusion, lexical=bm25s_index)  # `dssm search`
         row_of = {t: i for i, t in enumerate(catalogue)}

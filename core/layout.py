@@ -51,6 +51,11 @@ class Layout:
         """The negatives with mined hard ones (`dssm mine`)."""
         return self.workdir / "mined"
 
+    @property
+    def teacher(self) -> Path:
+        """The negatives with teacher lists on hard candidates (`dssm teacher`)."""
+        return self.workdir / "teacher"
+
     def train(self, encoder: str) -> Path:
         """A training run directory: checkpoints of one encoder."""
         return self.workdir / "train" / encoder

@@ -99,7 +99,7 @@ def experiment_id(tracking_uri: str, name: str) -> str:
             mlflow.MlflowClient(tracking_uri).set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, RUNS_KIND)
         return experiment.experiment_id
     path = sqlite_path(tracking_uri)
-    artifacts = path.parent.joinpath("mlartifacts").as_uri() if path is not None else None
+    artifacts = path.resolve().parent.joinpath("mlartifacts").as_uri() if path is not None else None
     # A run of another process may create it between the look-up and here: the lock serialises
     # that on a sqlite store; a server's store answers RESOURCE_ALREADY_EXISTS instead.
     with store_lock(tracking_uri):

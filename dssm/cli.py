@@ -74,6 +74,14 @@ COMMANDS: dict[str, Command] = {
         "title clicked for the query nor one within --relative-margin of the positive's cosine. The output is a "
         "`dssm negatives` output for `dssm train`. See docs/retrieval.md.",
     ),
+    "teacher": Command(
+        "retrieval.teacher",
+        "teacher lists of hard candidates per train query, to distil into the student (loss.listwise)",
+        "For each train query take the top --depth titles of each source ranker (BM25, MiniLM, an earlier model's "
+        "index) and the titles clicked for it, score the list with the teacher (a z-score fusion of bm25, minilm, "
+        "index or checkpoint:PATH) and write its softmax as the query's listwise targets: the output is a `dssm "
+        "negatives` output that `dssm train loss.listwise=0.5` distils. See docs/training.md.",
+    ),
     "train": Command(
         "modeling.launch",
         "train a two-tower model on `dssm negatives` output (torch, DDP via torchrun)",

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
+from core.errors import DssmError
 from core.judgments import JudgedSet
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags, use_store
+from evaluation.hybrid import HybridScorer, fit_weights
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
@@ -37,7 +39,9 @@ class EvaluateConfig:
     dataset: str | None = None  # default: the judged set's name
     all_queries: bool = False
     dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
-    hybrid_dev: Path | None = None  # a `dssm negatives` output: add MODEL+bm25, weight fit on its validation queries
+    hybrid_dev: Path | None = None  # a `dssm negatives` output: add the `fusions`, fit on its validation queries
+    # hybrids: components joined by +, each bm25, minilm (the bundled one), MODEL (each trained model) or a model's name
+    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25"])
     relevant_at: float | None = None
     min_label: float | None = None
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
@@ -75,7 +79,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         measure = cfg.retrieval or cfg.gate_metric != "ndcg@10"
         catalogue = Catalogue.of_judged(pairs) if measure or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
-            systems += hybrids(trained, baselines[0], pairs, judged, cfg.hybrid_dev, catalogue, threshold)
+            dev_set = (cfg.hybrid_dev, cfg.fusions, cfg.baseline_params)
+            fused = hybrids(trained, baselines, pairs, judged, *dev_set, catalogue, threshold)
+            systems = [*baselines, *trained, *fused]
         queries, titles = eval_set.pairs()
         results: list[SystemResult] = []
         for system in systems:
@@ -145,40 +151,113 @@ def dev_queries(negatives: Path) -> set[str]:
     return {q for q in queries if not is_test_query(q)}  # real logs may hold test queries: never tune on them
 
 
+MODEL = "MODEL"  # in a fusion spec: each trained model in turn
+
+
+def fusion_names(spec: str, model: str | None) -> list[str] | None:
+    """The component names of a fusion spec ("MODEL+bm25+minilm") for one trained model (None: the
+    spec's without MODEL); None when the spec does not apply (it names MODEL and there is no model,
+    or none and there is one, or the model twice)."""
+    names = [n.strip() for n in spec.split("+") if n.strip()]
+    if (MODEL in names) != (model is not None):
+        return None
+    names = [model if n == MODEL else n for n in names]
+    return names if len(set(names)) == len(names) else None
+
+
+def check_fusions(specs: list[str]) -> list[str]:
+    """Fusion specs: two or more components joined by +, each bm25, minilm, MODEL or a trained model's name."""
+    for spec in specs:
+        names = [n.strip() for n in spec.split("+")]
+        if len(names) < 2 or not all(names) or len(set(names)) != len(names):
+            raise DssmError(f"fusion {spec!r}: two or more distinct scorers joined by +, e.g. MODEL+bm25+minilm")
+    return list(dict.fromkeys(specs))
+
+
 def hybrids(
     trained: list[System],
-    bm25: System,
+    baselines: list[System],
     pairs,
     judged: JudgedSet,
     negatives: Path,
+    specs: list[str],
+    params: BaselineParams,
     catalogue: Catalogue | None = None,
     threshold: float = 0.0,
 ) -> list[System]:
-    """Each trained two-tower model fused with BM25 (evaluation/hybrid.py), the weight fit on the
-    validation queries of `negatives`, and with a `catalogue` also its retrieval fusion
-    (evaluation/retrieval.py), fit on the same queries; none when the judged set has no such query."""
-    from core.errors import DssmError
-    from evaluation.hybrid import HybridScorer, fit_weight
-
+    """Each fusion of `specs` (evaluation/hybrid.py): "MODEL+..." once per trained model, a spec
+    without MODEL once; the re-ranking weights fit on the validation queries of `negatives`, and with a
+    `catalogue` also the retrieval fusion (evaluation/retrieval.py), fit on the same queries. A
+    partner named bm25 or minilm is that baseline (built here when `baselines` lacks it and appended
+    to it, so it is reported too); any other name, the trained model of that name. None when the
+    judged set has no dev query."""
     try:
         dev = build_eval_set(pairs, judged.name, judged.sha256, only=dev_queries(negatives), spec=judged.spec)
     except DssmError as e:
         log.warning("no hybrid: %s", e)
         return []
+    systems = {s.name: s for s in [*baselines, *trained]}
     out = []
-    for model in (s for s in trained if s.kind == "trained"):
-        fit = fit_weight(dev, model.scorer, bm25.scorer)
-        scorer = HybridScorer(model.scorer, bm25.scorer, fit.weight)
-        fusion = {"weight": fit.weight, "bm25": bm25.scorer.to_dict()}
-        params = model.params | fit.params()
-        if catalogue is not None:
-            chosen, grid = fit_fusion(dev, catalogue, model.scorer.embed, threshold)
-            fusion["retrieval"] = chosen.to_dict()
-            params |= {f"retrieval_{k}": v for k, v in chosen.to_dict().items()}
-            params["retrieval_dev_grid"] = " ".join(f"{k}:{v:.2f}" for k, v in grid.items())
-        tags = model.tags | {"fused_with": "bm25"}
-        out.append(System(f"{model.name}+bm25", "hybrid", scorer, params, tags, model.checkpoint, fusion))
+    for spec in specs:
+        for model in [*(s.name for s in trained if s.kind == "trained"), None]:
+            names = fusion_names(spec, model)
+            if names is None:
+                continue
+            for name in names:
+                if name not in systems and name in ("bm25", "minilm"):
+                    systems[name] = build_timed(name, pairs, params)
+                    baselines.append(systems[name])
+            unknown = [n for n in names if n not in systems]
+            if unknown:
+                log.warning("fusion %s: no system %s here; left out", "+".join(names), ", ".join(unknown))
+                continue
+            out.append(fused_system([systems[n] for n in names], dev, catalogue, threshold))
     return out
+
+
+def fused_system(components: list[System], dev: EvalSet, catalogue: Catalogue | None, threshold: float) -> System:
+    """The hybrid of `components` (its model first), its weights fit on `dev`."""
+    model, partners = components[0], components[1:]
+    fit = fit_weights(dev, model.scorer, [p.scorer for p in partners])
+    scorers = {c.name: c.scorer for c in components}
+    fusion: dict[str, Any] = {
+        "components": [{"name": c.name, "kind": component_kind(c, i)} for i, c in enumerate(components)],
+        "weights": list(fit.weights),
+    }
+    bm25 = next((c for c in components if c.name == "bm25"), None)
+    if bm25 is not None:
+        fusion["bm25"] = bm25.scorer.to_dict()
+    params = model.params | fit.params() | {"components": "+".join(scorers)}
+    if catalogue is not None:
+        chosen, grid = fit_fusion(dev, catalogue, scorers, threshold)
+        fusion["retrieval"] = chosen.to_dict()
+        params |= {"retrieval_method": chosen.method, "retrieval_depth": chosen.depth}
+        params["retrieval_weights"] = " ".join(f"{w:g}" for w in chosen.weights)
+        best = sorted(grid.items(), key=lambda kv: -kv[1])[:20]  # MLflow params are short: the best of the grid
+        params["retrieval_dev_grid_top"] = " ".join(f"{k}={v:.2f}" for k, v in best)
+    tags = model.tags | {"fused_with": "+".join(p.name for p in partners)}
+    partner_checkpoints = {p.name: p.checkpoint for p in partners if p.checkpoint is not None}
+    return System(
+        "+".join(scorers),
+        "hybrid",
+        HybridScorer(model.scorer, [p.scorer for p in partners], fit.weights),
+        params,
+        tags,
+        model.checkpoint,
+        fusion,
+        scorers,
+        partner_checkpoints,
+    )
+
+
+def component_kind(system: System, position: int) -> str:
+    """How a fusion.json names a component: the model (position 0), bm25, minilm (the bundled one), or
+    a trained partner's checkpoint."""
+    if position == 0:
+        return "model"
+    if system.checkpoint is not None:
+        return "checkpoint"
+    return system.name
 
 
 def build_timed(name: str, pairs, params: BaselineParams) -> System:
@@ -291,7 +370,7 @@ def _finish_runs(
             mlflow.log_artifact(str(out / "runs" / f"{system.name}.run"), "runs")
             if system.kind in ("trained", "hybrid") and system.checkpoint is not None:
                 registered = registered_name(eval_set.name) if cfg.register else None
-                model_uri, version = log_model(system.checkpoint, registered, system.fusion)
+                model_uri, version = log_model(system.checkpoint, registered, system.fusion, system.partner_checkpoints)
                 mlflow.set_tag("model_uri", model_uri)
                 if version is not None:
                     if cfg.run_date:
@@ -383,6 +462,14 @@ def add_arguments(p) -> None:
         "queries of this `dssm negatives` output; registered and gated like the model",
     )
     p.add_argument(
+        "--fuse",
+        action="append",
+        metavar="SPEC",
+        help="with --hybrid-dev, a hybrid to fit and evaluate: scorers joined by +, each bm25, minilm (the bundled "
+        "all-MiniLM-L6-v2), MODEL (each --model in turn) or a trained model's name; repeat for several (default: "
+        "MODEL+bm25)",
+    )
+    p.add_argument(
         "--retrieval",
         action="store_true",
         help="also rank the judged set's whole catalogue per query (PROTOCOL.md §8: NDCG@10, Recall@k, judged@10, "
@@ -425,6 +512,7 @@ def config_from_args(args) -> EvaluateConfig:
         all_queries=args.all_queries,
         dev=args.dev,
         hybrid_dev=args.hybrid_dev,
+        fusions=check_fusions(args.fuse or ["MODEL+bm25"]),
         relevant_at=args.relevant_at,
         min_label=args.min_label,
         mlflow_uri=args.mlflow_uri,

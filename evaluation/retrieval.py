@@ -1,8 +1,8 @@
 """Full-catalogue retrieval in `dssm evaluate` (PROTOCOL.md §8): every system that can rank a
 catalogue ranks all the judged file's distinct titles for each query, beside the re-ranking table.
 
-BM25 ranks with bm25s (retrieval/bm25.py); a two-tower model, MiniLM and doc2vec with exact inner
-product of unit vectors; a hybrid (MODEL+bm25) fuses the model's and BM25's candidates with the
+BM25 ranks with bm25s (retrieval/bm25.py); a two-tower model and MiniLM with exact inner product of
+unit vectors; a hybrid (e.g. lstm+bm25, lstm+bm25+minilm) fuses its components' candidates with the
 `RetrievalFusion` chosen here on the dev queries over the same catalogue (retrieval/fusion.py), which
 its MLflow model and `dssm search` then serve. ULM and PLSA score pairs only, and doc2vec would
 infer a vector per catalogue title (minutes for 53k): they are left out.
@@ -18,19 +18,25 @@ import numpy as np
 
 from core.text import norm
 from evaluation.protocol import EvalSet, paired_test
-from evaluation.systems import System
+from evaluation.systems import Scorer, System
 from retrieval.bm25 import CatalogueBM25, best
-from retrieval.fusion import RetrievalFusion, fuse_candidates, ranked, union
+from retrieval.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
 from retrieval.quality import DEPTH, METRICS, catalogue_metrics
 from retrieval.retriever import unit_rows
 
 log = logging.getLogger(__name__)
 REFERENCE = "bm25"
-# The dev grid of a hybrid's retrieval fusion; ties go to the earlier entry (zscore, the middle alpha).
-GRID = [
-    RetrievalFusion(method, depth, alpha)
-    for method, depth, alpha in itertools.product(("zscore", "rrf"), (100, 200, 500), (0.5, 0.4, 0.6, 0.3, 0.7))
-]
+DEPTHS = (100, 200, 500)  # the dev grid's candidate depths per component; ties go to the earlier (shallower)
+METHODS = ("zscore", "rrf")
+
+
+def fusion_grid(components: int) -> list[RetrievalFusion]:
+    """The dev grid of a hybrid's retrieval fusion: each method, depth and weighting (retrieval/fusion.py's
+    simplex, nearest to equal weights first); ties go to the earlier entry."""
+    return [
+        RetrievalFusion(method, depth, weights)
+        for method, depth, weights in itertools.product(METHODS, DEPTHS, weight_grid(components))
+    ]
 
 
 class Catalogue:
@@ -53,14 +59,12 @@ class Catalogue:
         return self._vectors[key]
 
 
-def embedding(scorer) -> Any | None:
-    """`embed(texts, tower)` of a system's model (a hybrid's model part), or None for pair scorers."""
-    model = getattr(scorer, "model", None) if hasattr(scorer, "bm25") else scorer  # HybridScorer: its model
-    if model is None or not hasattr(model, "embed"):
-        return None
-    if hasattr(model, "tokenizer"):  # a two-tower model: a tower each
-        return model.embed
-    return lambda texts, tower="query": model.embed(texts)
+def embedding(scorer: Scorer) -> Any | None:
+    """`embed(texts, tower)` of a dense scorer (a two-tower model, MiniLM), or None for pair scorers."""
+    from evaluation.neural import MiniLMEmbedder, TwoTowerEmbedder
+
+    # doc2vec would infer a vector per catalogue title (minutes for 53k): not a catalogue ranker
+    return scorer.embed if isinstance(scorer, MiniLMEmbedder | TwoTowerEmbedder) else None
 
 
 def dense(catalogue: Catalogue, embed, queries: list[str], depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,47 +83,118 @@ def lexical(catalogue: Catalogue, queries: list[str], depth: int) -> list[np.nda
     return [catalogue.bm25.search(q, min(depth, len(catalogue.titles)))[0] for q in queries]
 
 
-def hybrid(
-    catalogue: Catalogue, embed, queries: list[str], fusions: list[RetrievalFusion], out_depth: int, weight: float = 0.0
-) -> dict[RetrievalFusion, list[np.ndarray]]:
-    """Each fusion's top `out_depth` title ids per query; candidate scores are computed once."""
-    deepest = max(f.depth for f in fusions)
-    query_vectors, model_ids, _ = dense(catalogue, embed, queries, deepest)
-    title_vectors = catalogue.vectors(embed)
-    out: dict[RetrievalFusion, list[np.ndarray]] = {f: [] for f in fusions}
-    for query, vector, ids in zip(queries, query_vectors, model_ids, strict=True):
-        bm25 = catalogue.bm25.scores(query)
-        by_bm25 = best(bm25, deepest)
-        for fusion in fusions:
-            candidates = union(ids[: fusion.depth], by_bm25[: fusion.depth], bm25[by_bm25[: fusion.depth]])
-            cos = title_vectors[candidates] @ vector
-            out[fusion].append(ranked(candidates, fuse_candidates(cos, bm25[candidates], fusion, weight), out_depth)[0])
+class Candidates:
+    """Each component's ranking of the catalogue for a list of queries, to `depth`: `tops(q)` its top
+    ids per component (BM25's: titles with a matching word), `scores(q, i, ids)` component i's scores of any
+    titles. Dense components search once for all queries; BM25 scores the catalogue per query."""
+
+    def __init__(self, catalogue: Catalogue, scorers: dict[str, Scorer], queries: list[str], depth: int):
+        self.catalogue, self.names, self.depth = catalogue, list(scorers), min(depth, len(catalogue.titles))
+        self.embeds = {n: embedding(s) for n, s in scorers.items() if n != LEXICAL}
+        missing = [n for n, e in self.embeds.items() if e is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} cannot rank a catalogue (pair scorers)")
+        self.dense = {n: dense(catalogue, e, queries, self.depth) for n, e in self.embeds.items()}
+        self._bm25: tuple[int, np.ndarray] | None = None
+
+    def _lexical(self, q: int, query: str) -> np.ndarray:
+        if self._bm25 is None or self._bm25[0] != q:
+            self._bm25 = (q, self.catalogue.bm25.scores(query))
+        return self._bm25[1]
+
+    def tops(self, q: int, query: str) -> list[np.ndarray]:
+        out = []
+        for name in self.names:
+            if name == LEXICAL:
+                scores = self._lexical(q, query)
+                top = best(scores, self.depth)
+                out.append(top[scores[top] > 0])
+            else:
+                out.append(self.dense[name][1][q])
+        return out
+
+    def scores(self, q: int, query: str, i: int, ids: np.ndarray) -> np.ndarray:
+        name = self.names[i]
+        if name == LEXICAL:
+            return self._lexical(q, query)[ids]
+        return self.catalogue.vectors(self.embeds[name])[ids] @ self.dense[name][0][q]
+
+
+def fused(
+    catalogue: Catalogue,
+    scorers: dict[str, Scorer],
+    queries: list[str],
+    fusion: RetrievalFusion,
+    out_depth: int,
+    rescore_weights: tuple[float, ...] = (),
+) -> list[np.ndarray]:
+    """The fusion's top `out_depth` title ids per query (retrieval/fusion.py's `fuse_query`, as
+    `dssm search` ranks)."""
+    found = Candidates(catalogue, scorers, queries, fusion.depth)
+    out = []
+    for q, query in enumerate(queries):
+        tops = found.tops(q, query)
+        score = lambda i, ids, q=q, query=query: found.scores(q, query, i, ids)  # noqa: E731
+        out.append(fuse_query(tops, score, fusion, out_depth, rescore_weights)[0])
     return out
 
 
-def fit_fusion(dev: EvalSet, catalogue: Catalogue, embed, threshold: float) -> tuple[RetrievalFusion, dict[str, float]]:
-    """The grid's fusion with the best strict NDCG@10 on the dev queries; returns it and the grid."""
+def fit_fusion(
+    dev: EvalSet, catalogue: Catalogue, scorers: dict[str, Scorer], threshold: float
+) -> tuple[RetrievalFusion, dict[str, float]]:
+    """The grid's fusion of `scorers` (the model first) with the best strict NDCG@10 on the dev
+    queries; returns it and the grid. Each depth's candidates and standardised scores are computed
+    once, then every weighting is a matrix product."""
     queries = [q.query for q in dev.queries]
-    runs = hybrid(catalogue, embed, queries, GRID, 10)
-    grid = {}
-    for fusion, ids in runs.items():
-        retrieved = {q.qid: [catalogue.titles[i] for i in row] for q, row in zip(dev.queries, ids, strict=True)}
-        grid[fusion] = catalogue_metrics(dev, retrieved, threshold)["ndcg@10"]
-    best = max(GRID, key=lambda f: grid[f])  # max keeps the first of equals: the grid's order
-    log.info("retrieval fusion: %s (dev NDCG@10 %.2f over %d queries)", best, grid[best], len(queries))
-    return best, {f"{f.method}/{f.depth}/{f.alpha:g}": round(v, 3) for f, v in grid.items()}
+    grid = fusion_grid(len(scorers))
+    found = Candidates(catalogue, scorers, queries, max(DEPTHS))
+    top10: dict[RetrievalFusion, list[list[str]]] = {f: [] for f in grid}
+    for q, query in enumerate(queries):
+        tops = found.tops(q, query)
+        for depth in DEPTHS:
+            candidates = union(*(t[:depth] for t in tops))
+            scores = np.stack([found.scores(q, query, i, candidates).astype(np.float64) for i in range(len(tops))])
+            sd = scores.std(axis=1, keepdims=True)
+            features = {
+                "zscore": np.divide(
+                    scores - scores.mean(axis=1, keepdims=True), sd, where=sd > 0, out=np.zeros_like(scores)
+                ),
+                "rrf": 1 / (60 + _rank_rows(scores)),
+            }
+            for fusion in (f for f in grid if f.depth == depth):
+                fused_scores = np.asarray(fusion.weights) @ features[fusion.method]
+                order = np.argsort(-fused_scores, kind="stable")[:10]
+                top10[fusion].append([catalogue.titles[i] for i in candidates[order]])
+    values = {}
+    for fusion, rows in top10.items():
+        retrieved = {q.qid: row for q, row in zip(dev.queries, rows, strict=True)}
+        values[fusion] = catalogue_metrics(dev, retrieved, threshold)["ndcg@10"]
+    chosen = max(grid, key=lambda f: values[f])  # max keeps the first of equals: the grid's order
+    log.info("retrieval fusion of %s: %s (dev NDCG@10 %.2f over %d queries)", "+".join(scorers), chosen.label,
+             values[chosen], len(queries))  # fmt: skip
+    return chosen, {f.label: round(v, 3) for f, v in values.items()}
+
+
+def _rank_rows(scores: np.ndarray) -> np.ndarray:
+    """Per row, 1 for the highest score; ties by candidate order (retrieval/fusion.py's ranks)."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    ranks = np.empty_like(scores)
+    np.put_along_axis(ranks, order, np.arange(1, scores.shape[1] + 1, dtype=np.float64)[None, :], axis=1)
+    return ranks
 
 
 def rankings(system: System, catalogue: Catalogue, queries: list[str]) -> list[np.ndarray] | None:
     """The system's top DEPTH title ids per query; None when it cannot rank a catalogue."""
     if system.name == REFERENCE:
         return lexical(catalogue, queries, DEPTH)
-    embed = embedding(system.scorer) if system.name != "doc2vec" else None
+    if system.kind == "hybrid":
+        fusion = system.fusion or {}
+        retrieval = RetrievalFusion.from_dict(fusion.get("retrieval"))
+        rescore = tuple(fusion.get("weights") or [fusion.get("weight", 0.0)])
+        return fused(catalogue, system.scorers(), queries, retrieval, DEPTH, rescore)
+    embed = embedding(system.scorer)
     if embed is None:
         return None
-    if system.kind == "hybrid":
-        fusion = RetrievalFusion.from_dict((system.fusion or {}).get("retrieval"))
-        return hybrid(catalogue, embed, queries, [fusion], DEPTH, (system.fusion or {}).get("weight", 0.0))[fusion]
     return list(dense(catalogue, embed, queries, DEPTH)[1])
 
 

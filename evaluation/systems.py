@@ -32,12 +32,20 @@ class Scorer(Protocol):
 @dataclass
 class System:
     name: str
-    kind: str  # "baseline", "trained" or "hybrid" (a trained model fused with BM25)
+    kind: str  # "baseline", "trained" or "hybrid" (a model fused with other scorers: BM25, MiniLM, models)
     scorer: Scorer
     params: dict[str, Any] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     checkpoint: Path | None = None  # a trained model's checkpoint file, for the MLflow model
-    fusion: dict[str, Any] | None = None  # a hybrid's weight and BM25 statistics, saved with its MLflow model
+    # a hybrid's fusion.json (components, weights, BM25 statistics, retrieval fusion), saved with its MLflow model
+    fusion: dict[str, Any] | None = None
+    # a hybrid's scorers by component name, its model first (evaluation/retrieval.py ranks a catalogue with them)
+    components: dict[str, Scorer] = field(default_factory=dict)
+    partner_checkpoints: dict[str, Path] = field(default_factory=dict)  # trained partners of a hybrid, by name
+
+    def scorers(self) -> dict[str, Scorer]:
+        """The scorers a catalogue is ranked with: a hybrid's components, else the system itself."""
+        return self.components or {self.name: self.scorer}
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def load_trained(spec: str) -> System:
         "train_run_id": str(state.get("mlflow_run_id") or ""),
         "train_step": str(state.get("step", "")),
     }
-    return System(embedder.encoder_name, "trained", embedder, embedder.cfg.flat(), tags, checkpoint.resolve())
+    return System(embedder.system_name, "trained", embedder, embedder.cfg.flat(), tags, checkpoint.resolve())
 
 
 def _from_mlflow(uri: str) -> System:
@@ -112,7 +120,9 @@ def _from_mlflow(uri: str) -> System:
         raise DssmError(f"--model {uri}: not a dssm two-tower model")
     tags = {"model_uri": uri, "train_run_id": str(model.metadata.run_id or "")}
     fusion = getattr(inner, "fusion", None)
-    return System(inner.name, inner.kind, inner.scorer, inner.embedder.cfg.flat(), tags, inner.checkpoint_path, fusion)
+    components = getattr(inner, "components", {})
+    cfg = inner.embedder.cfg.flat()
+    return System(inner.name, inner.kind, inner.scorer, cfg, tags, inner.checkpoint_path, fusion, components)
 
 
 def unique_names(systems: list[System]) -> None:

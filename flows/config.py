@@ -28,6 +28,7 @@ from jobs.simulate import SimulationConfig
 from jobs.vocab import VocabConfig
 from modeling.config import TrainConfig
 from retrieval.index import IndexConfig
+from retrieval.teacher import TeacherConfig
 
 
 @dataclass
@@ -64,7 +65,9 @@ class TrainSection(TrainConfig):
 @dataclass
 class EvaluateSection:
     baselines: list[str] = field(default_factory=lambda: ["bm25"])  # beside the models: bm25,doc2vec,ulm,plsa,minilm
-    hybrid: bool = True  # also each model + BM25, the fusion weight fit on the negatives' validation queries
+    hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
+    # each hybrid: scorers joined by +, from bm25, minilm (the bundled all-MiniLM-L6-v2), MODEL (each trained model)
+    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25"])
     # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
     retrieval: bool = True
     # what the champion gate compares: re-ranking NDCG@10, or retrieval_ndcg@10 (a deployment serving dssm search)
@@ -84,6 +87,7 @@ class RunConfig:
     vocab: VocabConfig = field(default_factory=VocabConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     mine: MineConfig = field(default_factory=MineConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     train: TrainSection = field(default_factory=TrainSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
     index_champion: bool = True  # after the gate, `dssm index` the champion over the catalogue (dssm search)
@@ -245,9 +249,15 @@ def validate(cfg: RunConfig) -> None:
     from evaluation.systems import parse_baselines
 
     parse_baselines(",".join(cfg.evaluate.baselines))
+    from evaluation.evaluate import check_fusions
+
+    check_fusions(cfg.evaluate.fusions)
     from retrieval.index import check_config
 
     check_config(cfg.index)
+    from retrieval.teacher import check_config as check_teacher
+
+    check_teacher(cfg.teacher)
     if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
         raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:

@@ -109,11 +109,20 @@ PIPELINE: tuple[Stage, ...] = (
         unless="mine.hard=0",
     ),
     Stage(
+        "teacher",
+        stages.teacher_stage,
+        "lists of hard candidates per train query scored by a teacher (BM25, MiniLM, the last index), to distil",
+        section="teacher",
+        reads=("negatives", "clean", "mine", Earlier("index")),
+        when=lambda ctx: bool(ctx.cfg.teacher.scorers),
+        unless="teacher.scorers empty",
+    ),
+    Stage(
         "train",
         stages.train_stage,
         "one model per encoder of train.models (torchrun with train.nproc processes)",
         section="train",
-        reads=("negatives", "vocab", "mine"),
+        reads=("negatives", "vocab", "mine", "teacher"),
         each=lambda ctx: ctx.cfg.train.encoders(),
     ),
     Stage(

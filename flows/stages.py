@@ -214,6 +214,27 @@ def mine_stage(ctx: RunContext, negatives: StageOutput, clean: StageOutput, earl
     return run_data_stage("mine", negatives.path, out, build)
 
 
+def teacher_stage(
+    ctx: RunContext,
+    negatives: StageOutput,
+    clean: StageOutput,
+    mine: StageOutput | None,
+    earlier_index: StageOutput | None,
+) -> StageOutput:
+    """The training rows (mined ones when the mine stage ran) with one teacher list per train query
+    (retrieval/teacher.py): candidates from BM25 and the index an earlier run left, scored by the teacher."""
+    from retrieval.teacher import teacher
+
+    rows = mine or negatives
+    index = Path(earlier_index.path) if earlier_index is not None else None
+
+    def build() -> dict[str, Any]:
+        titles = Path(clean.path) / "titles"
+        return teacher(Path(rows.path), titles, index, ctx.layout.teacher, ctx.cfg.teacher, ctx.force)
+
+    return run_data_stage("teacher", rows.path, ctx.layout.teacher, build)
+
+
 def default_nproc() -> int:
     """One rank per GPU when there are GPUs, else one CPU process."""
     import torch
@@ -222,12 +243,17 @@ def default_nproc() -> int:
 
 
 def train_stage(
-    ctx: RunContext, encoder: str, negatives: StageOutput, vocab: StageOutput, mine: StageOutput | None
+    ctx: RunContext,
+    encoder: str,
+    negatives: StageOutput,
+    vocab: StageOutput,
+    mine: StageOutput | None,
+    teacher: StageOutput | None,
 ) -> StageOutput:
-    """One model of `train.models` on the negatives (the mined ones when the mine stage ran) and the
-    vocabulary, into WORKDIR/train/ENCODER; in a windowed run warm-started from the champion when it
-    fits (flows/warm_start.py)."""
-    negatives = mine or negatives
+    """One model of `train.models` on the negatives (with the teacher's lists, or the mined ones, when
+    those stages ran) and the vocabulary, into WORKDIR/train/ENCODER; in a windowed run warm-started
+    from the champion when it fits (flows/warm_start.py)."""
+    negatives = teacher or mine or negatives
     from dataclasses import replace
 
     from evaluation.registry import registered_name
@@ -311,6 +337,7 @@ def evaluate_stage(ctx: RunContext, train: list[StageOutput], negatives: StageOu
             models=checkpoints,
             baselines=parse_baselines(",".join(section.baselines)),
             hybrid_dev=Path(negatives.path) if section.hybrid else None,
+            fusions=section.fusions,
             mlflow_uri=ctx.mlflow_uri,
             run_date=ctx.window[-1] if ctx.window else "",
             force=ctx.force,

@@ -108,6 +108,12 @@ EMBEDDINGS = pa.schema(
 )
 
 
+def embeddings_schema(partners: list[int]) -> pa.Schema:
+    """EMBEDDINGS plus `embedding_I` for each dense partner of a hybrid (its position I among the components)."""
+    vector = EMBEDDINGS.field("embedding").type
+    return pa.schema([*EMBEDDINGS, *(pa.field(f"embedding_{i}", vector, nullable=False) for i in partners)])
+
+
 def spark_schema(schema: pa.Schema):  # -> pyspark.sql.types.StructType
     """The Spark StructType with the same names, types and nullability."""
     from pyspark.sql import types as T

@@ -20,6 +20,7 @@ import torch
 
 from core.errors import DssmError
 from modeling.config import TrainConfig, load_config
+from modeling.encoders import tokenizer_for
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, embedding_tables
 
@@ -154,7 +155,7 @@ def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
     model = TwoTower(vocab.size, cfg.model)
     model.load_state_dict(state["model"])
     model.eval()
-    return model, Tokenizer(vocab, cfg.model.max_words), cfg
+    return model, tokenizer_for(cfg.model, vocab), cfg
 
 
 def warm_start(model: torch.nn.Module, vocab: Vocab, path: Path | str) -> dict[str, int]:

@@ -34,12 +34,19 @@ class ModelConfig:
     dropout: float = 0.0  # Wieting & Gimpel: dropout on word input vectors in training (recurrent, avg)
     gran_type: Literal[1, 2, 3, 4, 5] = 1  # gran/bigran: 1 = eq. (1); 2-5: the authors' variants (modeling/encoders.py)
     impl: Literal["auto", "loop", "script", "native"] = "auto"  # recurrent loop; native: nn.LSTM/nn.RNN where it can
+    # minilm (modeling/transformer.py): start from the bundled all-MiniLM-L6-v2; false: a small random BERT (tests)
+    pretrained: bool = True
+    train_layers: int = 2  # minilm: top layers trained; the embeddings and layers below are frozen and cached
+    max_tokens: int = 32  # minilm: word pieces read per text
+    transformer_layers: int = 2  # minilm with pretrained=false: layers of the random BERT (hidden size: ncell)
 
 
 @dataclass
 class OptimConfig:
-    name: Literal["nesterov", "adam"] = "nesterov"  # nesterov: SGD with Nesterov momentum (Algorithm 1)
-    lr: float = 0.1  # fixed step size ε (tuned on the validation split; see docs/training.md)
+    # auto: the encoder's own (nesterov: SGD with Nesterov momentum, Algorithm 1; adamw for the transformer)
+    name: Literal["auto", "nesterov", "adam", "adamw"] = "auto"
+    lr: float = 0.1  # fixed step size ε of nesterov and adam (tuned on the validation split; see docs/training.md)
+    adamw_lr: float = 5e-5  # adamw's step size (pretrained transformer weights move in small steps)
     momentum: float = 0.995  # μ between the first and the last `momentum_edge` of updates
     momentum_edge_value: float = 0.9  # μ in the first and last momentum_edge of updates (the paper's schedule)
     momentum_edge: float = 0.02  # share of updates at each end that use momentum_edge_value
@@ -130,9 +137,19 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in cfg.flat().items() if before.get(k) != v]
 
 
+def optimizer_name(cfg: TrainConfig) -> str:
+    """`optim.name`, with auto resolved: adamw for a transformer encoder, else nesterov (Algorithm 1)."""
+    from modeling.encoders import ENCODERS
+
+    if cfg.optim.name != "auto":
+        return cfg.optim.name
+    spec = ENCODERS.get(cfg.model.encoder)
+    return "adamw" if spec is not None and spec.transformer else "nesterov"
+
+
 def rows_are_exact(cfg: TrainConfig) -> bool:
     """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient."""
-    return cfg.optim.name == "nesterov" and cfg.optim.weight_decay == 0 and cfg.loss.l2_embeddings == 0
+    return optimizer_name(cfg) == "nesterov" and cfg.optim.weight_decay == 0 and cfg.loss.l2_embeddings == 0
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -140,8 +157,8 @@ def validate(cfg: TrainConfig) -> None:
 
     check_choices(cfg)
     m, o = cfg.model, cfg.optim
-    if not math.isfinite(o.lr) or o.lr <= 0:
-        raise DssmError("optim.lr must be a positive number")
+    if not math.isfinite(o.lr) or o.lr <= 0 or not math.isfinite(o.adamw_lr) or o.adamw_lr <= 0:
+        raise DssmError("optim.lr and optim.adamw_lr must be positive numbers")
     if m.encoder not in ENCODERS:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
     if o.table_updates == "rows" and not rows_are_exact(cfg):
@@ -149,8 +166,20 @@ def validate(cfg: TrainConfig) -> None:
             "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0 and loss.l2_embeddings=0 "
             "(they give untouched rows a gradient); use optim.table_updates=dense or auto"
         )
-    if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1:
-        raise DssmError("data.batch_size, model.ncell and model.max_words must be positive")
+    if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1 or m.max_tokens < 2:
+        raise DssmError("data.batch_size, model.ncell and model.max_words must be positive, model.max_tokens >= 2")
+    if ENCODERS[m.encoder].transformer:
+        if m.train_layers < 1 or m.transformer_layers < 1 or m.ncell < 2:
+            raise DssmError("model.train_layers and model.transformer_layers must be >= 1, model.ncell >= 2")
+        if cfg.data.word_dropout or cfg.data.scramble:
+            raise DssmError(
+                f"model.encoder={m.encoder} reads word pieces: set data.word_dropout and data.scramble to 0"
+            )
+        if optimizer_name(cfg) == "nesterov" and o.name == "nesterov" and o.lr >= 0.01:
+            raise DssmError(
+                f"model.encoder={m.encoder} with optim.name=nesterov at optim.lr={o.lr} would wreck the pretrained "
+                "weights; use optim.name=auto (adamw, optim.adamw_lr) or a much smaller optim.lr"
+            )
     if cfg.loss.objective == "paraphrase" and not m.shared_towers:
         raise DssmError("loss.objective=paraphrase trains one shared encoder: add model.shared_towers=true")
     if not 0 <= cfg.loss.listwise <= 1:

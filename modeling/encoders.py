@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from modeling.hashing import TextBatch
+from modeling.hashing import TextBatch, Tokenizer, Vocab
 from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
 from modeling.tables import HashingTable
 
 if TYPE_CHECKING:  # annotations only: modeling.config checks model.encoder against ENCODERS
     from modeling.config import ModelConfig
+    from modeling.transformer import WordPieceTokenizer
 
 
 class Encoder(nn.Module):
@@ -406,6 +407,13 @@ class EncoderSpec:
     build: Callable[[int, ModelConfig], Encoder]
     recurrent: bool  # records per-step gates and cells for `dssm analyze`
     what: str  # one line for --help and docs/training.md
+    transformer: bool = False  # reads word pieces with its own tokenizer; AdamW (optim.name=auto)
+
+
+def _minilm(vocab_size: int, cfg: ModelConfig) -> Encoder:
+    from modeling.transformer import MiniLMEncoder  # imports transformers: only when asked for
+
+    return MiniLMEncoder(vocab_size, cfg)
 
 
 # The single list of encoders: config validation, CLI help, the analysis stage and the docs read it.
@@ -426,6 +434,9 @@ ENCODERS: dict[str, EncoderSpec] = {
     "gran": EncoderSpec(GRANEncoder, False, "Wieting & Gimpel: gated recurrent averaging network"),
     "bigran": EncoderSpec(lambda v, c: GRANEncoder(v, c, bidirectional=True), False, "gran in both directions"),
     "avg": EncoderSpec(AvgEncoder, False, "Wieting & Gimpel: mean of the word vectors"),
+    "minilm": EncoderSpec(
+        _minilm, False, "all-MiniLM-L6-v2 (bundled), fine-tuned: its top model.train_layers layers", transformer=True
+    ),
 }
 
 
@@ -433,3 +444,13 @@ def build_encoder(vocab_size: int, cfg: ModelConfig) -> Encoder:
     if cfg.encoder not in ENCODERS:
         raise ValueError(f"unknown encoder {cfg.encoder!r}")
     return ENCODERS[cfg.encoder].build(vocab_size, cfg)
+
+
+def tokenizer_for(cfg: ModelConfig, vocab: Vocab, cache_size: int = 100_000) -> Tokenizer | WordPieceTokenizer:
+    """What turns texts into the encoder's batches: letter-trigram (or word) ids of the `dssm vocab`
+    vocabulary, or a transformer's own word pieces."""
+    if ENCODERS[cfg.encoder].transformer:
+        from modeling.transformer import WordPieceTokenizer
+
+        return WordPieceTokenizer(cfg.max_tokens)
+    return Tokenizer(vocab, cfg.max_words, cache_size=cache_size)

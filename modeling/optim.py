@@ -1,5 +1,6 @@
 """Algorithm 1's optimiser: Nesterov momentum SGD with a fixed step size, the paper's momentum
-schedule, and gradient re-normalisation at th_G (global L2 norm). Adam is an option.
+schedule, and gradient re-normalisation at th_G (global L2 norm). Adam is an option, and AdamW the
+transformer encoder's optimiser (`optim.name=auto`).
 
 PyTorch's `SGD(nesterov=True)` is the common reformulation of Nesterov momentum
 (Sutskever et al. 2013) that evaluates the gradient at the current parameters.
@@ -10,13 +11,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modeling.config import OptimConfig, TrainConfig, rows_are_exact
+from modeling.config import OptimConfig, TrainConfig, optimizer_name, rows_are_exact
 from modeling.tables import HashingTable, TableRows, momentum_runs
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    cfg = train.optim
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.name == "adam":
+    name = optimizer_name(train)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.adamw_lr, weight_decay=cfg.weight_decay)
+    if name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     # fused: one pass over each tensor per step (the embedding tables dominate memory traffic)
     return torch.optim.SGD(
@@ -32,9 +37,10 @@ def momentum_at(step: int, total: int, cfg: OptimConfig) -> float:
     return cfg.momentum
 
 
-def set_momentum(optimizer: torch.optim.Optimizer, step: int, total: int, cfg: OptimConfig) -> float:
+def set_momentum(optimizer: torch.optim.Optimizer, step: int, total: int, train: TrainConfig) -> float:
+    cfg = train.optim
     mu = momentum_at(step, total, cfg)
-    if cfg.name == "nesterov":
+    if optimizer_name(train) == "nesterov":
         for group in optimizer.param_groups:
             group["momentum"] = mu
     return mu

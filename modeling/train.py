@@ -38,7 +38,8 @@ from modeling.distributed import (
     mean_over_ranks,
     pick_device,
 )
-from modeling.hashing import Tokenizer, Vocab
+from modeling.encoders import tokenizer_for
+from modeling.hashing import Vocab
 from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
 from modeling.optim import build_optimizer, set_momentum, table_rows
 from modeling.resume import Start, decide
@@ -72,7 +73,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // d.world))
     inputs = load_inputs(cfg)
     # training data is the project's own and re-read every epoch: a larger cache than a served model's
-    tokenizer = Tokenizer(inputs.vocab, cfg.model.max_words, cache_size=1_000_000)
+    tokenizer = tokenizer_for(cfg.model, inputs.vocab, cache_size=1_000_000)
     n = int(inputs.negatives_manifest["params"]["n"])
     batches = ClickBatches(
         *(train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed),
@@ -232,7 +233,7 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     loss, the regulariser (None without one), the gradient norm and the momentum μ of this step."""
     cfg, device, rows = run.cfg, run.device, run.rows
     queries, docs, weights, keys, lists = batch
-    mu = set_momentum(run.optimizer, step, run.total, cfg.optim)
+    mu = set_momentum(run.optimizer, step, run.total, cfg)
     lists = lists.to(device) if lists is not None else None
     with run.autocast:
         q, dv, listed = run.ddp(queries.to(device), docs.to(device), lists.docs if lists is not None else None)
@@ -361,7 +362,7 @@ def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, de
     """Model, optimiser, the step-0 embedding tables (for loss.l2_embeddings) and the step to start at."""
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = TwoTower(vocab.size, cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg.optim)
+    optimizer = build_optimizer(model, cfg)
     # A resumed run rebuilds its step-0 weights too when loss.l2_embeddings pulls toward them.
     if cfg.init_from and (state is None or cfg.loss.l2_embeddings > 0):
         copied = warm_start(model, vocab, cfg.init_from)

@@ -8,15 +8,18 @@
    LSTM-RNN with the chosen config;
 2. `dssm run` trains each other encoder on the same data with its own file of that folder (the same
    config, its own learning rate; finished runs are kept, not redone);
-3. `dssm evaluate` scores every model, its hybrid with BM25 (weight fit on the validation queries)
-   and every baseline on the 1,580 test queries, writes the report to
+3. `dssm evaluate` scores every model, its hybrids (FUSIONS: with BM25, and with BM25 and the bundled
+   all-MiniLM-L6-v2; weights and retrieval fusion fit on the validation queries), the untrained
+   fusion minilm+bm25 and every baseline on the 1,580 test queries, writes the report to
    WORKDIR/eval (or WORKDIR/dev-eval) and logs every system to WORKDIR/mlflow.db;
 4. the first encoder (the LSTM-RNN) is compared with each other trained model: mean NDCG
    differences and paired t-tests over queries, from the report's TREC run files;
 5. with --seeds 1,2,3 the first encoder is also trained with the other seeds (`dssm train seed=S`,
    into WORKDIR/train/ENCODER-seedS) and evaluated beside it; the script then prints its seed-mean
    rows (the model and its hybrid with BM25: mean ± sd over seeds) and paired t-tests of the
-   seed-averaged per-query NDCG against BM25 and MiniLM. The pinned row is that mean, not a seed.
+   seed-averaged per-query NDCG against BM25 and MiniLM. The pinned row is that mean, not a seed;
+   then the retrieval table (PROTOCOL.md §8) with each hybrid's seed mean and its paired t-test
+   against BM25 and against the untrained fusion minilm+bm25.
 
 The chosen config and learning rates were picked on the validation queries only
 (docs/studies/table4-config.md lists the candidates).
@@ -40,6 +43,8 @@ from scripts_common import HOME_DEPOT, TABLE4, dssm, paired_cell, per_query_ndcg
 
 ENCODERS = ("lstm", "rnn", "dssm")  # one chosen config each: TABLE4/ENCODER.yaml
 BASELINES = "bm25,doc2vec,ulm,plsa,minilm"
+FUSIONS = ("MODEL+bm25", "MODEL+bm25+minilm", "minilm+bm25")  # the hybrids evaluated (evaluation/evaluate.py)
+UNTRAINED = "minilm+bm25"  # what a team gets without training anything: the reference of the retrieval table
 
 
 def compare(report: Path, a: str, b: str) -> str:
@@ -87,7 +92,7 @@ def main() -> None:
         evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
     else:  # each model + BM25, the fusion weights fit on the validation queries (evaluation/hybrid.py,
         # retrieval/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
-        evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval"]
+        evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval", *(f"--fuse={f}" for f in FUSIONS)]
     models = [layout.train(e) for e in encoders] + extra
     dssm(*evaluate, *[a for m in models for a in ("--model", str(m))])
     print((out / "report.md").read_text())
@@ -95,7 +100,8 @@ def main() -> None:
         print(compare(out, first, other))
     if extra:
         names = [first, *(m.name for m in extra)]  # evaluate names later models of an encoder by run dir
-        systems = {"": names} | ({"+bm25": [f"{n}+bm25" for n in names]} if not args.dev else {})
+        hybrids = [f.removeprefix("MODEL") for f in FUSIONS if f.startswith("MODEL")]
+        systems = {"": names} | ({h: [f"{n}{h}" for n in names] for h in hybrids} if not args.dev else {})
         print(seed_table(out, first, systems, [b for b in ("bm25", "minilm") if b in args.baselines.split(",")]))
         if not args.dev:
             print(retrieval_table(out, first, systems))
@@ -123,26 +129,33 @@ def seed_table(report: Path, first: str, systems: dict[str, list[str]], referenc
 
 def retrieval_table(report: Path, first: str, systems: dict[str, list[str]]) -> str:
     """PROTOCOL.md §8 from the whole catalogue: the single systems as measured, the first encoder's
-    rows as mean ± sd over seeds, with the paired t-test of the seed-averaged per-query values
-    against BM25."""
+    rows as mean ± sd over seeds, with the paired t-test of the seed-averaged per-query NDCG@10
+    against BM25 and against the untrained fusion (UNTRAINED) where it was evaluated."""
     section = json.loads((report / "report.json").read_text())["retrieval"]
     per_query = json.loads((report / "retrieval-per-query.json").read_text())["systems"]
     metrics = ("ndcg@10", "recall@10", "recall@100", "recall@1000", "judged@10", "condensed_ndcg@10")
     seeded = {n for names in systems.values() for n in names}
+    references = [r for r in ("bm25", UNTRAINED) if r in per_query]
     lines = [f"\nretrieval from all {section['catalogue_titles']:,} titles, {section['queries']} test queries"]
-    lines += ["| system | " + " | ".join(metrics) + " | p (NDCG@10) vs bm25 |", "|---|" + "---|" * (len(metrics) + 1)]
+    p_heads = " | ".join(f"p (NDCG@10) vs {r}" for r in references)
+    lines += [f"| system | {' | '.join(metrics)} | {p_heads} |", "|---|" + "---|" * (len(metrics) + len(references))]
+
+    def p_cells(values: np.ndarray, name: str = "") -> str:
+        cells = []
+        for ref in references:
+            ref_values = np.array(per_query[ref]["ndcg@10"], dtype=float)
+            cells.append("" if ref == name else f"{stats.ttest_rel(values, ref_values).pvalue:.2g}")
+        return " | ".join(cells)
+
     for name, s in section["systems"].items():
         if name not in seeded:
-            p = s.get("p_vs_bm25", {}).get("ndcg@10")
-            shown = f"{p:.2g}" if p is not None else ""
-            lines.append(f"| {name} | " + " | ".join(f"{s[m]:.1f}" for m in metrics) + f" | {shown} |")
-    bm25 = np.array(per_query["bm25"]["ndcg@10"], dtype=float)
+            values = np.array(per_query[name]["ndcg@10"], dtype=float)
+            lines.append(f"| {name} | " + " | ".join(f"{s[m]:.1f}" for m in metrics) + f" | {p_cells(values, name)} |")
     for suffix, names in systems.items():
         cells = [np.array([section["systems"][n][m] for n in names]) for m in metrics]
         mean = np.mean([np.array(per_query[n]["ndcg@10"], dtype=float) for n in names], axis=0)
-        p = stats.ttest_rel(mean, bm25).pvalue
         shown = " | ".join(f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" for v in cells)
-        lines.append(f"| {first}{suffix}, {len(names)} seeds | {shown} | {p:.2g} |")
+        lines.append(f"| {first}{suffix}, {len(names)} seeds | {shown} | {p_cells(mean)} |")
     return "\n".join(lines)
 
 

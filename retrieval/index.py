@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from core.artifacts import amend_manifest, code_fingerprint, content_sha256, publish, read_manifest
 from core.errors import DssmError
-from jobs.schemas import EMBEDDINGS
-from retrieval.retriever import INDEX_FILE, log_retriever, unit_rows
+from jobs.schemas import embeddings_schema
+from retrieval.retriever import INDEX_FILE, component_index_file, log_retriever, unit_rows
 
 if TYPE_CHECKING:
     import mlflow
@@ -115,6 +116,34 @@ def catalogue_titles(spark, source: Path):
     return df.select(normalised(F.col("title").cast("string")).alias("title")).where(F.col("title") != "").distinct()
 
 
+def partner_column(position: int) -> str:
+    """The embeddings/ column of a hybrid's dense partner at `position` of its components."""
+    return f"embedding_{position}"
+
+
+def _fusion(model_dir: Path) -> dict[str, Any] | None:
+    path = model_dir / "fusion.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def dense_partners(model_dir: Path) -> dict[int, str]:
+    """A hybrid's components after the model that embed texts (MiniLM, trained partners): position -> name."""
+    from evaluation.hybrid import fusion_components
+
+    fusion = _fusion(model_dir)
+    if fusion is None:
+        return {}
+    components, _ = fusion_components(fusion)
+    return {i: c["name"] for i, c in enumerate(components) if c["kind"] in ("minilm", "checkpoint")}
+
+
+def has_lexical(model_dir: Path) -> bool:
+    from evaluation.hybrid import fusion_components
+
+    fusion = _fusion(model_dir)
+    return fusion is not None and any(c["kind"] == "bm25" for c in fusion_components(fusion)[0])
+
+
 def build_faiss(vectors, cfg: IndexConfig):
     """The faiss index of unit `vectors` (row i = id i): exact inner product, or HNSW over it."""
     import faiss
@@ -131,25 +160,27 @@ def build_faiss(vectors, cfg: IndexConfig):
     return index, kind
 
 
-def read_vectors(embeddings: Path):
-    """The embeddings' vectors as one float32 matrix, in index order."""
+def read_vectors(embeddings: Path, column_name: str = "embedding"):
+    """The embeddings' vectors (of the model, or of a partner's column) as one float32 matrix, in index order."""
     import numpy as np
     import pyarrow.parquet as pq
 
     blocks = []
     for part in sorted(embeddings.glob("part-*.parquet")):
-        column = pq.read_table(part, columns=["embedding"]).column("embedding").combine_chunks()
+        column = pq.read_table(part, columns=[column_name]).column(column_name).combine_chunks()
         blocks.append(column.flatten().to_numpy().reshape(len(column), -1))
     return np.concatenate(blocks).astype(np.float32, copy=False)
 
 
 def copy_model_files(model: ModelRef, dest: Path) -> None:
-    """The model's checkpoint (and a hybrid's fusion.json) into dest, so the index serves on its own."""
+    """The model's checkpoint (and a hybrid's fusion.json and partners' checkpoints) into dest, so the
+    index serves on its own."""
     import mlflow
 
     local = Path(mlflow.artifacts.download_artifacts(model.uri))
     dest.mkdir()
-    found = {p.name: p for p in local.rglob("*") if p.name in ("model.pt", "fusion.json")}
+    wanted = lambda name: name in ("model.pt", "fusion.json") or re.fullmatch(r"component-\d+\.pt", name)  # noqa: E731
+    found = {p.name: p for p in local.rglob("*") if p.is_file() and wanted(p.name)}
     if "model.pt" not in found:
         raise DssmError(f"{model.uri}: not a dssm two-tower model (no model.pt among its artifacts)")
     for path in found.values():
@@ -185,32 +216,39 @@ def index(
 
     def build(tmp: Path) -> dict[str, Any]:
         started = time.perf_counter()
-        embed = mlflow.pyfunc.spark_udf(
-            spark,
-            model.uri,
-            result_type="embedding array<float>",
-            env_manager="local",
-            params={"output": "title_embedding"},
-        )
+        copy_model_files(model, tmp / "model")
+        partners = dense_partners(tmp / "model")
+
+        def embedder(component: str = ""):
+            params = {"output": "title_embedding"} | ({"component": component} if component else {})
+            kwargs = dict(result_type="embedding array<float>", env_manager="local", params=params)
+            return mlflow.pyfunc.spark_udf(spark, model.uri, **kwargs)
+
         df = catalogue_titles(spark, titles)
         rows = df.count()
         if rows == 0:
             raise DssmError(f"--titles {titles}: no titles")
         df = stable_layout(df, rows, cfg.rows_per_file, "title")
+        title = F.struct("title")
+        extra = [embedder(name)(title).embedding.alias(partner_column(p)) for p, name in partners.items()]
         df = df.select(
-            "title", embed(F.struct("title")).embedding.alias("embedding"), F.lit(model.label).alias("model_version")
+            "title", embedder()(title).embedding.alias("embedding"), F.lit(model.label).alias("model_version"), *extra
         )
-        write_parquet(df, tmp / "embeddings", EMBEDDINGS)
+        write_parquet(df, tmp / "embeddings", embeddings_schema(list(partners)))
         embed_seconds = time.perf_counter() - started
         vectors = read_vectors(tmp / "embeddings")
         import faiss
 
         started = time.perf_counter()
         built, kind = build_faiss(vectors, cfg)
-        build_seconds = time.perf_counter() - started
         faiss.write_index(built, str(tmp / INDEX_FILE))
-        copy_model_files(model, tmp / "model")
-        if (tmp / "model" / "fusion.json").is_file():  # a hybrid also takes BM25's best titles as candidates
+        dims = {}
+        for position in partners:
+            partner_vectors = read_vectors(tmp / "embeddings", partner_column(position))
+            dims[f"dim_{position}"] = int(partner_vectors.shape[1])
+            faiss.write_index(build_faiss(partner_vectors, cfg)[0], str(tmp / component_index_file(position)))
+        build_seconds = time.perf_counter() - started
+        if has_lexical(tmp / "model"):  # a hybrid with BM25 also takes BM25's best titles as candidates
             from retrieval.bm25 import CatalogueBM25
             from retrieval.retriever import read_titles
 
@@ -219,6 +257,7 @@ def index(
         counts = {
             "titles": rows,
             "dim": int(vectors.shape[1]),
+            **dims,
             "kind": kind,
             "embed_seconds": round(embed_seconds, 2),
             "build_seconds": round(build_seconds, 3),

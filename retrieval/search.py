@@ -75,7 +75,7 @@ def command(args: argparse.Namespace) -> None:
     results = retriever.search(args.query, args.k)
     took = time.perf_counter() - started
     model = retriever.model.get("name") and f"{retriever.model['name']} v{retriever.model['version']}"
-    unit = "word" if retriever.embedder.tokenizer.vocab.kind == "words" else "letter trigram"
+    unit = {"words": "word", "wordpieces": "word piece"}.get(retriever.embedder.tokenizer.vocab.kind, "letter trigram")
     for query, hits in zip(args.query, results, strict=True):
         if not retriever.embedder.knows(query):
             print(

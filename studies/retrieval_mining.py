@@ -71,7 +71,8 @@ def score(workdir: Path, judgments: Path, variants: list[str], seeds: list[int],
     from evaluation.evaluate import dev_queries
     from evaluation.neural import TwoTowerEmbedder
     from evaluation.protocol import CUTOFFS, build_eval_set, evaluate_scores, relevant_threshold
-    from evaluation.retrieval import Catalogue, dense, hybrid
+    from evaluation.retrieval import Catalogue, dense
+    from evaluation.retrieval import fused as fused_ids
     from retrieval.fusion import RetrievalFusion
     from retrieval.quality import catalogue_metrics
 
@@ -82,7 +83,7 @@ def score(workdir: Path, judgments: Path, variants: list[str], seeds: list[int],
     threshold = relevant_threshold(eval_set)
     catalogue = Catalogue.of_judged(pairs)
     queries = [q.query for q in eval_set.queries]
-    fusion = RetrievalFusion("zscore", 200, 0.5)
+    fusion = RetrievalFusion("zscore", 200, (0.5, 0.5))
     print(f"{len(queries)} {'test' if test else 'dev'} queries, {len(catalogue.titles):,} titles")
 
     def measured(ids) -> dict[str, float]:
@@ -98,7 +99,7 @@ def score(workdir: Path, judgments: Path, variants: list[str], seeds: list[int],
         for seed in seeds:
             embedder = TwoTowerEmbedder(checkpoint(workdir, variant, seed))
             model = measured(dense(catalogue, embedder.embed, queries, 1000)[1])
-            fused = measured(hybrid(catalogue, embedder.embed, queries, [fusion], 1000)[fusion])
+            fused = measured(fused_ids(catalogue, {variant: embedder, "bm25": None}, queries, fusion, 1000))
             q, t = eval_set.pairs()
             rerank = evaluate_scores(eval_set, variant, embedder.score(q, t), threshold)
             rows[str(seed)] = {"model": model, "zscore": fused} | {

@@ -23,6 +23,19 @@ def pytest_unconfigure(config):
     logging.raiseExceptions = False
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_embedding_cache(tmp_path_factory):
+    """MiniLM's on-disk vector cache (evaluation/neural.py) in the test session's own directory: a
+    test never reads vectors an earlier run or the user's commands left."""
+    before = os.environ.get("DSSM_CACHE")
+    os.environ["DSSM_CACHE"] = str(tmp_path_factory.mktemp("dssm-cache"))
+    yield
+    if before is None:
+        os.environ.pop("DSSM_CACHE", None)
+    else:
+        os.environ["DSSM_CACHE"] = before
+
+
 def _restore_mlflow_tracking_env():
     """mlflow.set_tracking_uri() writes MLFLOW_TRACKING_URI into os.environ; without a restore, a test
     that used a (since stopped) tracking server or its own store would hand that URI to every later

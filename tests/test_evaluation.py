@@ -164,7 +164,7 @@ def test_two_models_of_one_encoder_get_distinct_names():
 
 
 def test_hybrid_weight_follows_the_dev_split():
-    from evaluation.hybrid import RATIOS, fit_weight
+    from evaluation.hybrid import RATIOS, fit_weights
 
     rng = np.random.default_rng(0)
     rows = [(f"query {i}", f"title {i} {j}", float(1 + j % 3)) for i in range(30) for j in range(6)]
@@ -182,8 +182,9 @@ def test_hybrid_weight_follows_the_dev_split():
 
     # the model ranks perfectly and BM25 is noise: no BM25; the other way round: BM25 dominates, at
     # the smallest weight that reaches its ranking
-    assert fit_weight(dev, Fixed(labels), Fixed(noise)).ratio == 0.0
-    fit = fit_weight(dev, Fixed(noise), Fixed(labels))
+    assert fit_weights(dev, Fixed(labels), [Fixed(noise)]).ratios == (0.0,)
+    fit = fit_weights(dev, Fixed(noise), [Fixed(labels)])
+    (ratio,) = fit.ratios
     assert fit.dev_objective == 100.0 and fit.grid[0.0] < 80 and fit.dev_queries == 30
-    assert fit.ratio > 0 and fit.grid[fit.ratio] > max(v for r, v in fit.grid.items() if r < fit.ratio)
+    assert ratio > 0 and fit.grid[ratio] > max(v for r, v in fit.grid.items() if r < ratio)
     assert fit.grid[RATIOS[-1]] == 100.0

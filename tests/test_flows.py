@@ -244,6 +244,42 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     trained_on = read_checkpoint(work / "train" / "lstm" / "last.pt")["config"]["data"]["negatives"]
     assert Path(trained_on) == work / "mined"
 
+    # Distillation: the teacher stage lists each train query's hard candidates (BM25's and those of the index
+    # the run before left) with the titles clicked for it, scored by a teacher (BM25 and that index's model,
+    # z-scores fused); the model trains on them with the listwise loss beside eq. (5)
+    base = args[: 3 + len(TINY_RUN)]
+    assert main([*base, "teacher.scorers=[bm25,index]", "--train", *train, "loss.listwise=0.5"]) == 0
+    taught = json.loads((work / "teacher" / "manifest.json").read_text())
+    assert taught["inputs"]["index"]["path"] == str(work / "index") and taught["params"]["list_size"] == 20
+    assert taught["counts"]["lists"] == stages["negatives"]["counts"]["train_queries"]
+    assert taught["counts"]["clicked_in_lists"] >= taught["counts"]["lists"]  # every query's clicks are in its list
+    assert not skipped_stages()["teacher"]
+    state = read_checkpoint(work / "train" / "lstm" / "last.pt")
+    assert Path(state["config"]["data"]["negatives"]) == work / "teacher" and state["config"]["loss"]["listwise"] == 0.5
+
+    # The transformer encoder in the flow: a tiny random BERT (CI's stand-in for all-MiniLM-L6-v2) trained beside
+    # the LSTM-RNN, fused with BM25 and the bundled MiniLM, every model and hybrid registered and gated; any
+    # version indexes (its dense partners embedded on Spark too) and `dssm search` serves it
+    tiny_bert = ["model.pretrained=false", "model.max_tokens=16", "model.train_layers=1"]
+    fusions = "evaluate.fusions=[MODEL+bm25,MODEL+bm25+minilm]"
+    assert main([*base, "train.models=[lstm,minilm]", fusions, "--train", *train, *tiny_bert]) == 0
+    report = json.loads((work / "report.json").read_text())
+    wanted = {"minilm", "minilm-ft", "minilm-ft+bm25", "minilm-ft+bm25+minilm", "lstm+bm25", "lstm+bm25+minilm"}
+    assert wanted <= set(report["systems"]) and wanted <= set(report["retrieval"]["systems"])
+    gated = {g["system"]: g["version"] for g in report["gate"]}
+    assert {"minilm-ft", "minilm-ft+bm25+minilm", "lstm+bm25+minilm"} <= set(gated)
+    assert read_checkpoint(work / "train" / "minilm" / "last.pt")["config"]["model"]["encoder"] == "minilm"
+    for system in ("minilm-ft", "lstm+bm25+minilm"):
+        out = tmp_path / f"index-{system}"
+        model = f"models:/dssm-default-catalogue/{gated[system]}"
+        assert main(["index", "--model", model, "--titles", str(work / "clean"), "--out", str(out), "--no-register",
+                     "--mlflow-uri", f"sqlite:///{work / 'mlflow.db'}", "--master", "local[1]"]) == 0  # fmt: skip
+        assert (out / "component-2.faiss").is_file() == (system == "lstm+bm25+minilm")  # MiniLM's own vectors
+        capsys.readouterr()
+        assert main(["search", "white cordless drill", "-k", "3", "--index", str(out)]) == 0
+        shown = capsys.readouterr().out
+        assert f"top 3 of {stages['clean']['counts']['titles']:,} titles" in shown and shown.count("\n  ") == 3
+
 
 def test_a_failing_stage_names_itself_and_fails_the_flow_run(tmp_path):
     garbage = tmp_path / "garbage.jsonl"

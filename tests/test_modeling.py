@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from conftest import free_port
 
 from core.errors import DssmError
-from modeling.config import LossConfig, ModelConfig, OptimConfig, load_config
+from modeling.config import LossConfig, ModelConfig, OptimConfig, TrainConfig, load_config
 from modeling.data import ListTargets, pair_weights, row_keys
 from modeling.encoders import ENCODERS, build_encoder
 from modeling.hashing import Tokenizer, Vocab
@@ -393,7 +393,7 @@ def test_row_wise_table_updates_are_torchs_dense_nesterov_sgd():
         ids = torch.randint(0, 40 if step < 10 else 8, (6,), generator=generator)  # rows 8-39 idle after step 9
         offsets = torch.tensor([0, 3])
         for table, optimizer in ((dense_table, dense), (row_table, sparse)):
-            set_momentum(optimizer, step, total, cfg)
+            set_momentum(optimizer, step, total, TrainConfig(optim=cfg))
             optimizer.zero_grad()
             (table(ids, offsets) - target).pow(2).sum().backward()
         rows.gradients()

@@ -48,10 +48,11 @@ def context(tmp_path: Path, *overrides: str) -> RunContext:
 
 
 def test_the_progress_total_counts_what_will_run(tmp_path):
-    assert planned(PIPELINE, context(tmp_path, "mine.hard=0.25")) == len(PIPELINE)
-    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 1
+    every = ("mine.hard=0.25", "teacher.scorers=[bm25,minilm]")
+    assert planned(PIPELINE, context(tmp_path, *every)) == len(PIPELINE)
+    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 2  # no mine, no teacher
     # ingested logs without judgments: no simulate, nothing to evaluate, index or analyse; two models
-    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]", "mine.hard=0.25")
+    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]", *every)
     assert planned(PIPELINE, ingest) == len(PIPELINE) - 4 + 1
 
 

@@ -209,7 +209,7 @@ def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(
     lexical = bm25.score([query] * len(titles), titles)
     union = set(np.argsort(-cos, kind="stable")[:RERANK]) | {i for i in np.argsort(-lexical)[:RERANK] if lexical[i] > 0}
     assert len(union) > RERANK  # BM25 adds candidates the vectors did not rank in their top RERANK
-    fused = HybridScorer(embedder, bm25, 0.3).score([query] * len(titles), titles)
+    fused = HybridScorer(embedder, [bm25], [0.3]).score([query] * len(titles), titles)
     ranked = sorted(union, key=lambda i: -fused[i])
     k = next(k for k in range(10, len(ranked)) if fused[ranked[k - 1]] > fused[ranked[k]] + 1e-6)  # no tie at the edge
     expected = ranked[:k]
@@ -262,6 +262,91 @@ def test_a_hybrid_fuses_the_union_as_its_retrieval_fusion_says(registered, metho
     if method == "zscore":  # (rrf's ranks break the ties of titles that differ in one letter either way)
         at_least = fused[order[9]] - 1e-6  # tied titles: any of them may come first
         assert {h.title for h in hits} <= {titles[union[i]] for i in order if fused[i] >= at_least}
+
+
+def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_the_retriever(
+    registered, tiny_data, tmp_path
+):
+    """model + BM25 + a second trained model: the union of the three top `depth`, each candidate's three
+    scores standardised over the union and mixed by the fusion's weights; the evaluation's ranking, the
+    logged pyfunc's pair scores and `Retriever.search` all follow fusion.json (the partner's checkpoint
+    travelling as a file of its own)."""
+    from conftest import tiny_model
+
+    from evaluation.evaluate import component_kind
+    from evaluation.hybrid import HybridScorer
+    from evaluation.lexical import BM25, Collection
+    from evaluation.retrieval import Catalogue, fused
+    from evaluation.systems import System
+    from retrieval.bm25 import CatalogueBM25
+    from retrieval.fusion import RetrievalFusion
+    from retrieval.index import IndexConfig, build_faiss
+    from retrieval.retriever import Retriever
+
+    partner_path = tiny_model(tiny_data, tmp_path / "partner", "epochs=2", "seed=7") / "last.pt"
+    model, partner = TwoTowerEmbedder(registered["checkpoint"]), TwoTowerEmbedder(partner_path)
+    titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in "abc"]
+    bm25 = BM25.fit(Collection(titles))
+    members = [System("lstm", "trained", model, checkpoint=registered["checkpoint"]), System("bm25", "baseline", bm25),
+               System("lstm-7", "trained", partner, checkpoint=partner_path)]  # fmt: skip
+    weights, retrieval = [0.4, 0.7], RetrievalFusion("zscore", 30, (0.5, 0.2, 0.3))
+    fusion = {
+        "components": [{"name": m.name, "kind": component_kind(m, i)} for i, m in enumerate(members)],
+        "weights": weights,
+        "bm25": bm25.to_dict(),
+        "retrieval": retrieval.to_dict(),
+    }
+    query = "cordless drill"
+    unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
+    cos_m = unit(model.embed(titles, "doc")) @ unit(model.embed([query], "query")[0])
+    cos_p = unit(partner.embed(titles, "doc")) @ unit(partner.embed([query], "query")[0])
+    lexical = CatalogueBM25(titles).scores(query)
+    from retrieval.bm25 import best
+
+    tops = [np.argsort(-cos_m, kind="stable")[:30], best(lexical, 30), np.argsort(-cos_p, kind="stable")[:30]]
+    tops[1] = tops[1][lexical[tops[1]] > 0]
+    union = list(dict.fromkeys(int(i) for t in tops for i in t))
+    assert len(union) > 40  # the partner and BM25 add candidates the model did not rank in its top 30
+    z = lambda x: (x - x.mean()) / x.std()  # noqa: E731
+    by_hand = 0.5 * z(cos_m[union]) + 0.2 * z(lexical[union].astype(np.float64)) + 0.3 * z(cos_p[union])
+    score_of = dict(zip(union, by_hand, strict=True))
+    top10 = np.sort(by_hand)[::-1][:10]
+
+    def ranked_as_by_hand(ids) -> bool:  # titles that differ in their last letter tie: either may come first
+        return np.allclose([score_of.get(int(i), -np.inf) for i in ids], top10, atol=1e-5)
+
+    # the evaluation's ranking of the catalogue
+    scorers = {m.name: m.scorer for m in members}
+    assert ranked_as_by_hand(fused(Catalogue(titles), scorers, [query], retrieval, 10)[0])
+    # the retriever, over flat indexes of the model's and the partner's title vectors
+    index, _ = build_faiss(model.embed(titles, "doc"), IndexConfig(kind="flat"))
+    partner_index, _ = build_faiss(partner.embed(titles, "doc"), IndexConfig(kind="flat"))
+    files = {"component-2.pt": partner_path}
+    fusion["components"][2]["file"] = "component-2.pt"
+    lexical_index = CatalogueBM25(titles)
+    retriever = Retriever(index, titles, model, fusion, None, lexical_index, {2: partner_index}, files)
+    hits = retriever.search([query], 10)[0]
+    assert ranked_as_by_hand([titles.index(h.title) for h in hits])
+    np.testing.assert_allclose([h.score for h in hits], top10, atol=1e-5)
+
+    # the MLflow model: s_0 + Σ w_i·s_i per pair, its partner loaded from the checkpoint it logged
+    from core.tracking import experiment_id
+    from evaluation.registry import log_model
+
+    del fusion["components"][2]["file"]  # log_model names the partners' files
+    with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "three")):
+        uri, _ = log_model(registered["checkpoint"], None, fusion, {"lstm-7": partner_path})
+    loaded = mlflow.pyfunc.load_model(uri)
+    pairs = pd_frame([query] * 4, titles[:4])
+    expected = HybridScorer(model, [bm25, partner], weights).score([query] * 4, titles[:4])
+    np.testing.assert_allclose(loaded.predict(pairs)["score"], expected, atol=1e-5)
+    inner = loaded.unwrap_python_model()
+    assert inner.name == "lstm+bm25+lstm-7" and list(inner.components) == ["lstm", "bm25", "lstm-7"]
+    import pandas as pd
+
+    only_titles = pd.DataFrame({"title": titles[:2]})
+    embedded = loaded.predict(only_titles, params={"output": "title_embedding", "component": "lstm-7"})
+    np.testing.assert_allclose(np.array(embedded["embedding"].tolist()), partner.embed(titles[:2], "doc"), atol=1e-5)
 
 
 def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
@@ -450,7 +535,7 @@ def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded
     served = mlflow.pyfunc.load_model(uri).predict(pd_frame([long, capped], ["steel drill kit"] * 2))["score"]
     assert served[0] == pytest.approx(served[1]) and 1 < served[0] <= bound
     embedder = TwoTowerEmbedder(registered["checkpoint"])
-    uncapped = HybridScorer(embedder, bm25, fusion["weight"]).score([long], ["steel drill kit"])[0]
+    uncapped = HybridScorer(embedder, [bm25], [fusion["weight"]]).score([long], ["steel drill kit"])[0]
     assert uncapped > 100 * served[0]  # what the served hybrid answered before the cap
 
     # the retriever (`dssm search`, the pyfunc retriever), with the re-ranking fusion that adds w·BM25

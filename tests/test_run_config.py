@@ -61,7 +61,7 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["negatives.seed=seven"], "cannot read 'seven' as int"),
         (["train.optim.lrr=1"], "unknown key train.optim.lrr"),
         (["train.overrides=epochs=2"], "unknown key train.overrides"),
-        (["train.optim.name=sgd"], "train.optim.name: 'sgd' is not one of nesterov, adam"),
+        (["train.optim.name=sgd"], "train.optim.name: 'sgd' is not one of auto, nesterov, adam, adamw"),
         (["train.mlflow_uri=sqlite:///x.db"], "train.mlflow_uri is set by the flow"),
         (["train.models=lstm,transformer"], "unknown encoder"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
