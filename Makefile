@@ -4,7 +4,7 @@ VENV := .venv
 READY := $(VENV)/.ready
 ARGS ?=
 
-.PHONY: run test test-fast lint bench table4 stack-up stack-down clean-work
+.PHONY: run test test-fast lint bench table4 search-table stack-up stack-down clean-work
 
 $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench: $(READY)
 ## table4: Palangi et al.'s Table IV on Home Depot from the raw judged file (needs ../shared/data)
 table4: $(READY)
 	$(VENV)/bin/python reproductions/homedepot_table4.py $(ARGS)
+
+## search-table: what `dssm search` serves on Home Depot (LSTM-RNN, fine-tuned MiniLM, BM25 fused), 3 seeds (needs ../shared/data)
+search-table: $(READY)
+	$(VENV)/bin/python reproductions/homedepot_search.py $(ARGS)
 
 ## stack-up / stack-down: the local stack (Prefect server, MLflow server, Spark master + worker); infra/README.md
 stack-up: $(READY)

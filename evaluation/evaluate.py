@@ -201,7 +201,7 @@ def hybrids(
     for spec in specs:
         for model in [*(s.name for s in trained if s.kind == "trained"), None]:
             names = fusion_names(spec, model)
-            if names is None:
+            if names is None or "+".join(names) in {h.name for h in out}:  # MODEL+bm25 for minilm-ft and minilm-ft+bm25
                 continue
             for name in names:
                 if name not in systems and name in ("bm25", "minilm"):

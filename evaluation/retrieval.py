@@ -21,7 +21,7 @@ from evaluation.protocol import EvalSet, paired_test
 from evaluation.systems import Scorer, System
 from retrieval.bm25 import CatalogueBM25, best
 from retrieval.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
-from retrieval.quality import DEPTH, METRICS, catalogue_metrics
+from retrieval.quality import DEPTH, METRICS, catalogue_metrics, judged_labels, ndcg10
 from retrieval.retriever import unit_rows
 
 log = logging.getLogger(__name__)
@@ -165,10 +165,11 @@ def fit_fusion(
                 fused_scores = np.asarray(fusion.weights) @ features[fusion.method]
                 order = np.argsort(-fused_scores, kind="stable")[:10]
                 top10[fusion].append([catalogue.titles[i] for i in candidates[order]])
+    judged = judged_labels(dev)  # once, not per grid point: only NDCG@10 decides
     values = {}
     for fusion, rows in top10.items():
-        retrieved = {q.qid: row for q, row in zip(dev.queries, rows, strict=True)}
-        values[fusion] = catalogue_metrics(dev, retrieved, threshold)["ndcg@10"]
+        pairs = zip(dev.queries, rows, strict=True)
+        values[fusion] = 100 * float(np.mean([ndcg10(row, judged[q.qid], dev.min_label) for q, row in pairs]))
     chosen = max(grid, key=lambda f: values[f])  # max keeps the first of equals: the grid's order
     log.info("retrieval fusion of %s: %s (dev NDCG@10 %.2f over %d queries)", "+".join(scorers), chosen.label,
              values[chosen], len(queries))  # fmt: skip

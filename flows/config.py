@@ -47,6 +47,8 @@ class TrainSection(TrainConfig):
     `train.epochs`, ...) plus how the flow runs it. The flow sets FLOW_SET itself."""
 
     models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: model.encoder alone
+    # training KEY=VALUEs for one encoder only, over the rest of this section, e.g. {minilm: [data.batch_size=64]}
+    per_encoder: dict[str, list[str]] = field(default_factory=dict)
     nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
     warm_start: bool = True  # windowed runs: start from the champion when compatible (docs/flows.md)
     warm_min_overlap: float = 0.5  # ... when its vocabulary holds at least this share of the new one's tokens
@@ -55,11 +57,13 @@ class TrainSection(TrainConfig):
         return list(dict.fromkeys(self.models)) or [self.model.encoder]
 
     def for_encoder(self, encoder: str) -> TrainConfig:
-        """The training config of one model: this section without the flow's own keys."""
+        """The training config of one model: this section without the flow's own keys, with the
+        encoder's `per_encoder` KEY=VALUEs applied."""
         from dataclasses import fields, replace
 
         base = TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
-        return replace(base, model=replace(base.model, encoder=encoder))
+        base = replace(base, model=replace(base.model, encoder=encoder))
+        return apply(base, parse_overrides(self.per_encoder.get(encoder, [])))
 
 
 @dataclass
@@ -67,11 +71,13 @@ class EvaluateSection:
     baselines: list[str] = field(default_factory=lambda: ["bm25"])  # beside the models: bm25,doc2vec,ulm,plsa,minilm
     hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
     # each hybrid: scorers joined by +, from bm25, minilm (the bundled all-MiniLM-L6-v2), MODEL (each trained model)
-    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25"])
+    # or a trained model's name (minilm-ft); the default's 3-way fusion: docs/studies/pretrained-fusion-distillation.md
+    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25", "MODEL+bm25+minilm"])
     # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
     retrieval: bool = True
-    # what the champion gate compares: re-ranking NDCG@10, or retrieval_ndcg@10 (a deployment serving dssm search)
-    gate_metric: GateMetric = "ndcg@10"
+    # what the champion gate compares: full-catalogue retrieval NDCG@10 (what the index stage serves to dssm
+    # search), or ndcg@10: re-ranking the judged titles
+    gate_metric: GateMetric = "retrieval_ndcg@10"
 
 
 @dataclass
@@ -229,11 +235,24 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return load_run_config(args.config, overrides, options)
 
 
+def flat_keys(nested: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a nested dict (parsed KEY=VALUEs)."""
+    keys = []
+    for key, value in nested.items():
+        keys += flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+    return keys
+
+
 def validate(cfg: RunConfig) -> None:
     from modeling.config import validate as validate_training
 
     given, defaults = flat(cfg.train), flat(TrainSection())
     changed = [k for k in FLOW_SET if given[k] != defaults[k]]
+    for encoder, pairs in cfg.train.per_encoder.items():
+        keys = list(flat_keys(parse_overrides(pairs)))
+        changed += [k for k in FLOW_SET if k in keys]
+        if "model.encoder" in keys:
+            raise DssmError(f"train.per_encoder.{encoder}: model.encoder is the entry's own name; leave it out")
     if changed:
         raise DssmError(
             f"train.{changed[0]} is set by the flow for each model (the work dir, mlflow_uri, the judged set's name); "
@@ -241,10 +260,10 @@ def validate(cfg: RunConfig) -> None:
         )
     from modeling.encoders import ENCODERS
 
-    unknown = [m for m in cfg.train.models if m not in ENCODERS]
+    unknown = [m for m in [*cfg.train.models, *cfg.train.per_encoder] if m not in ENCODERS]
     if unknown:
         raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
-    for encoder in cfg.train.encoders():
+    for encoder in dict.fromkeys([*cfg.train.encoders(), *cfg.train.per_encoder]):
         validate_training(cfg.train.for_encoder(encoder))  # a bad training setting fails before any stage runs
     from evaluation.systems import parse_baselines
 

@@ -36,7 +36,7 @@ def judged_labels(eval_set: EvalSet) -> dict[str, dict[str, float]]:
     return out
 
 
-def _ndcg10(ranked: list[str], labels: dict[str, float], min_label: float) -> float:
+def ndcg10(ranked: list[str], labels: dict[str, float], min_label: float) -> float:
     gains = np.array([2 ** (labels.get(t, min_label) - min_label) - 1 for t in ranked[:10]])
     ideal = np.sort(2 ** (np.array(list(labels.values())) - min_label) - 1)[::-1][:10]
     idcg = float((ideal * _DISCOUNTS[: len(ideal)]).sum())
@@ -51,9 +51,9 @@ def catalogue_metrics(eval_set: EvalSet, retrieved: dict[str, list[str]], thresh
     per_query: dict[str, list[float]] = {m: [] for m in METRICS}
     for q in eval_set.queries:
         labels, ranked = judged[q.qid], retrieved.get(q.qid, [])
-        per_query["ndcg@10"].append(_ndcg10(ranked, labels, eval_set.min_label))
+        per_query["ndcg@10"].append(ndcg10(ranked, labels, eval_set.min_label))
         per_query["judged@10"].append(sum(t in labels for t in ranked[:10]) / 10)
-        per_query["condensed_ndcg@10"].append(_ndcg10([t for t in ranked if t in labels], labels, eval_set.min_label))
+        per_query["condensed_ndcg@10"].append(ndcg10([t for t in ranked if t in labels], labels, eval_set.min_label))
         relevant = {t for t, label in labels.items() if label >= threshold}
         for k in RECALL_AT:
             found = len(relevant.intersection(ranked[:k])) / len(relevant) if relevant else np.nan

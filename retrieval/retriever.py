@@ -143,7 +143,7 @@ class Retriever:
         require_manifest(path, "index", content=True)
         index = read_faiss(path / INDEX_FILE)
         partners = {}
-        for file in sorted(path.glob(component_index_file(0).replace("0", "*"))):
+        for file in sorted(path.glob("component-*.faiss")):  # component_index_file(I)
             partners[int(file.stem.split("-")[1])] = read_faiss(file)
         for found in (index, *partners.values()):
             if ef_search and hasattr(found, "hnsw"):

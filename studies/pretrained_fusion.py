@@ -8,10 +8,11 @@ distillation into the LSTM-RNN from a teacher on hard candidates; docs/studies/p
 Steps, each a `dssm` command whose finished output is kept (a rerun resumes where it stopped):
 1. `dssm run --config configs/homedepot_table4/lstm.yaml`: the data stages and the seed-1 LSTM-RNN;
 2. `dssm train` of the LSTM-RNN with seeds 2 and 3 (WORKDIR/train/lstm-seedS);
-3. `dssm train model.encoder=minilm ...`: the bounded fine-tune (WORKDIR/train/minilm, FINE_TUNE);
+3. `dssm train model.encoder=minilm ...`: the bounded fine-tune (WORKDIR/train/minilm), as
+   configs/homedepot_search.yaml trains it in the flow;
 4. `dssm teacher`: each train query's top 10 of BM25 and of the seed-1 LSTM-RNN, and its clicks, scored
-   by the teacher (TEACHER: the z-score fusion of BM25, MiniLM and the seed-1 LSTM-RNN), into
-   WORKDIR/teacher-study;
+   by the teacher (the z-score fusion of the seed-1 LSTM-RNN, BM25 and the fine-tuned transformer,
+   TEACHER_WEIGHTS), into WORKDIR/teacher-study;
 5. `dssm train ... loss.listwise=0.5` on those lists, seeds 1-3 (WORKDIR/train/lstm-distill-sS);
 6. one `dssm evaluate --dev` of every model with the fusions FUSIONS on the dev queries (never test),
    then the table: seed means ± sd of each variant, alone and fused (WORKDIR/study-dev).
@@ -28,26 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: s
 
 import numpy as np
 
-from scripts_common import HOME_DEPOT, TABLE4, dssm, training_keys
+from scripts_common import HOME_DEPOT, ROOT, TABLE4, dssm, training_keys
 
 SEEDS = (1, 2, 3)
-FINE_TUNE = [
-    "model.encoder=minilm",
-    "model.train_layers=2",
-    "model.max_tokens=24",
-    "data.batch_size=64",
-    "loss.gamma=20",
-    "epochs=1",
-    "max_steps=600",
-    "eval_every=600",
-    "checkpoint_every=50",
-    "log_every=10",
-    "data.max_valid_rows=2000",
-]
+SEARCH = ROOT / "configs" / "homedepot_search.yaml"  # its per_encoder.minilm keys: the bounded fine-tune
 TEACHER_DEPTH = 10
+# the teacher: the best fusion on dev that the teacher stage can run (by the study's simplicity rule),
+# lstm (seed 1) + bm25 + minilm-ft with the z-score weights its retrieval fusion chose on dev
+TEACHER_WEIGHTS = "0.25,0.25,0.5"
 DISTIL = ["loss.listwise=0.5"]
-FUSIONS = ["MODEL+bm25", "MODEL+bm25+minilm", "minilm+bm25", "minilm-ft+bm25", "lstm+bm25+minilm-ft",
-           "lstm+bm25+minilm+minilm-ft"]  # fmt: skip
+FUSIONS = ["MODEL+bm25", "MODEL+bm25+minilm", "MODEL+bm25+minilm-ft", "minilm+bm25"]
 METRICS = ("ndcg@10", "recall@100", "condensed_ndcg@10")
 
 
@@ -55,6 +46,15 @@ def lstm_run(workdir: Path, seed: int, distilled: bool = False) -> Path:
     if distilled:
         return workdir / "train" / f"lstm-distill-s{seed}"
     return workdir / "train" / ("lstm" if seed == 1 else f"lstm-seed{seed}")
+
+
+def fine_tune_keys() -> list[str]:
+    """The transformer's training KEY=VALUEs as configs/homedepot_search.yaml trains it in the flow."""
+    from flows.config import load_run_config
+    from modeling.config import TrainConfig
+
+    given, defaults = load_run_config(SEARCH).train.for_encoder("minilm").flat(), TrainConfig().flat()
+    return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
 
 
 def train(workdir: Path, judgments: Path) -> None:
@@ -67,13 +67,14 @@ def train(workdir: Path, judgments: Path) -> None:
     for seed in SEEDS[1:]:
         dssm("train", "--resume", "--on-change", "resume", *base, *data, f"seed={seed}",
              f"out={lstm_run(workdir, seed)}", *store)  # fmt: skip
-    dssm("train", "--resume", "--on-change", "resume", *base, *data, *FINE_TUNE, f"out={workdir / 'train' / 'minilm'}",
+    dssm("train", "--resume", "--on-change", "resume", *data, *fine_tune_keys(),
+         f"out={workdir / 'train' / 'minilm'}",
          *store)  # fmt: skip
     teacher = workdir / "teacher-study"
-    seed1 = f"checkpoint:{lstm_run(workdir, 1) / 'last.pt'}"
+    seed1, tuned = (f"checkpoint:{run / 'last.pt'}" for run in (lstm_run(workdir, 1), workdir / "train" / "minilm"))
     dssm("teacher", "--negatives", str(workdir / "negatives"), "--titles", str(workdir / "clean" / "titles"),
-         "--out", str(teacher), "--scorers", f"bm25,minilm,{seed1}", "--sources", f"bm25,{seed1}",
-         "--depth", str(TEACHER_DEPTH))  # fmt: skip
+         "--out", str(teacher), "--scorers", f"{seed1},bm25,{tuned}", "--weights", TEACHER_WEIGHTS,
+         "--sources", f"bm25,{seed1}", "--depth", str(TEACHER_DEPTH))  # fmt: skip
     distilled = [f"data.negatives={teacher}", f"data.vocab={workdir / 'vocab'}"]
     for seed in SEEDS:
         dssm("train", "--resume", "--on-change", "resume", *base, *DISTIL, *distilled, f"seed={seed}",
@@ -116,11 +117,11 @@ def table(report: dict) -> str:
         ("MiniLM fine-tuned (bounded)", ["minilm-ft"]),
         ("minilm-ft+bm25", ["minilm-ft+bm25"]),
         ("minilm-ft+bm25+minilm", ["minilm-ft+bm25+minilm"]),
-        ("lstm+bm25+minilm-ft (seed 1)", ["lstm+bm25+minilm-ft"]),
-        ("lstm+bm25+minilm+minilm-ft (seed 1)", ["lstm+bm25+minilm+minilm-ft"]),
+        ("lstm+bm25+minilm-ft", [f"{n}+bm25+minilm-ft" for n in plain]),
         ("LSTM-RNN distilled", distilled),
         ("distilled+bm25", [f"{n}+bm25" for n in distilled]),
         ("distilled+bm25+minilm", [f"{n}+bm25+minilm" for n in distilled]),
+        ("distilled+bm25+minilm-ft", [f"{n}+bm25+minilm-ft" for n in distilled]),
     ]
     head = f"{report['retrieval']['queries']} queries, all {report['retrieval']['catalogue_titles']:,} titles"
     lines = [head, "", "| system | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]

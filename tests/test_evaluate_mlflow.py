@@ -179,7 +179,7 @@ def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_
     run = client.get_run(report["systems"]["lstm+bm25"]["mlflow_run_id"])
     assert run.data.tags["kind"] == "hybrid" and run.data.tags["fused_with"] == "bm25"
     assert int(run.data.params["fit_dev_queries"]) > 0
-    weight = float(run.data.params["fusion_weight"])
+    weight = float(run.data.params["fusion_weights"])  # one partner, one weight
     gates = {g["system"]: g for g in report["gate"]}
     assert set(gates) == {"lstm", "lstm+bm25"} and gates["lstm+bm25"]["version"] == "2"
 

@@ -188,3 +188,47 @@ def test_hybrid_weight_follows_the_dev_split():
     assert fit.dev_objective == 100.0 and fit.grid[0.0] < 80 and fit.dev_queries == 30
     assert ratio > 0 and fit.grid[ratio] > max(v for r, v in fit.grid.items() if r < ratio)
     assert fit.grid[RATIOS[-1]] == 100.0
+
+
+def test_a_hybrid_of_several_scorers_weighs_each_on_the_dev_split_and_the_grid_keeps_even_mixes_first():
+    from evaluation.hybrid import fit_weights, fusion_components
+    from retrieval.fusion import RetrievalFusion, weight_grid
+
+    rng = np.random.default_rng(1)
+    rows = [(f"query {i}", f"title {i} {j}", float(1 + j % 3)) for i in range(30) for j in range(6)]
+    dev = build_eval_set(judged(rows), "x", "sha", all_queries=True)
+    labels = np.concatenate([q.labels for q in dev.queries])
+
+    class Fixed:
+        def __init__(self, values):
+            self.values = values
+
+        def score(self, q, t):
+            return self.values
+
+    noise, more_noise = rng.normal(size=len(labels)), rng.normal(size=len(labels))
+    fit = fit_weights(dev, Fixed(noise), [Fixed(more_noise), Fixed(labels)])
+    assert fit.ratios[0] == 0.0 and fit.ratios[1] > 0 and fit.dev_objective == 100.0 > fit.alone
+    # the retrieval grid: simplex weights, the model's above 0, equal thirds first; a hybrid saved before
+    # components (model + BM25, one weight, alpha) reads as that
+    assert weight_grid(3)[0] == pytest.approx((1 / 3, 1 / 3, 1 / 3)) and len(weight_grid(3)) == 78
+    assert all(w[0] > 0 and sum(w) == pytest.approx(1) for w in weight_grid(3))
+    assert fusion_components({"weight": 0.3, "bm25": {}}) == (
+        [{"name": "model", "kind": "model"}, {"name": "bm25", "kind": "bm25"}],
+        [0.3],
+    )
+    assert RetrievalFusion.from_dict({"method": "rrf", "depth": 40, "alpha": 0.7}).weights == pytest.approx((0.7, 0.3))
+
+
+def test_fusion_specs_expand_model_once_per_trained_model_and_refuse_what_cannot_fuse():
+    from core.errors import DssmError
+    from evaluation.evaluate import check_fusions, fusion_names
+
+    assert fusion_names("MODEL+bm25+minilm", "lstm") == ["lstm", "bm25", "minilm"]
+    assert fusion_names("MODEL+bm25", None) is None  # a MODEL spec needs a model
+    assert fusion_names("minilm+bm25", None) == ["minilm", "bm25"] and fusion_names("minilm+bm25", "lstm") is None
+    assert fusion_names("MODEL+bm25+minilm-ft", "minilm-ft") is None  # the model twice: not a fusion
+    assert check_fusions(["MODEL+bm25", "MODEL+bm25"]) == ["MODEL+bm25"]
+    for bad in ("bm25", "MODEL+", "bm25+bm25"):
+        with pytest.raises(DssmError, match="two or more distinct scorers"):
+            check_fusions([bad])

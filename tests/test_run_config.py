@@ -64,6 +64,9 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["train.optim.name=sgd"], "train.optim.name: 'sgd' is not one of auto, nesterov, adam, adamw"),
         (["train.mlflow_uri=sqlite:///x.db"], "train.mlflow_uri is set by the flow"),
         (["train.models=lstm,transformer"], "unknown encoder"),
+        (["train.per_encoder.minilm=[data.vocab=/v]"], "train.data.vocab is set by the flow"),
+        (["train.per_encoder.bert=[epochs=2]"], "unknown encoder.s. bert"),
+        (["train.per_encoder.minilm=[optim.name=nesterov]"], "would wreck the pretrained weights"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
         (["negatives=3"], "expected a section"),
         (["index.kind=ivf"], "index.kind: .ivf. is not one of auto, flat, hnsw"),
@@ -148,6 +151,14 @@ def test_a_window_ends_on_the_run_date_and_defaults_to_today_in_utc():
     ]
     assert load_run_config(overrides=["window_days=1"]).window() == [datetime.now(UTC).date().isoformat()]
     assert load_run_config().window() == []  # not windowed: all logs are one input
+
+
+def test_per_encoder_keys_reach_one_encoders_training_config_only():
+    per_encoder = "train.per_encoder.minilm=[epochs=1,data.batch_size=64]"
+    cfg = load_run_config(overrides=["train.models=[lstm,minilm]", "train.epochs=10", per_encoder])
+    lstm, minilm = cfg.train.for_encoder("lstm"), cfg.train.for_encoder("minilm")
+    assert (lstm.epochs, lstm.data.batch_size, lstm.model.encoder) == (10, 256, "lstm")
+    assert (minilm.epochs, minilm.data.batch_size, minilm.model.encoder) == (1, 64, "minilm")
 
 
 def test_the_committed_run_configs_load():

@@ -61,6 +61,11 @@ def stop(serve: subprocess.Popen) -> None:
         serve.wait()
 
 
+# The services are what this tests: one hybrid (the model with BM25) and the re-ranking gate, not the default 3-way
+# fusion with the bundled MiniLM, whose cost (loading it in every run and Spark worker) tests/test_flows.py pays once
+ONE_HYBRID = ["evaluate.fusions=[MODEL+bm25]", "evaluate.gate_metric=ndcg@10"]
+
+
 def champion_is_the_best(client, name: str) -> tuple[str, float]:
     """The `champion` of registered model `name` is the version with the best gate metric among all
     measured on its eval set, and its evaluation run logged that metric: (version, metric)."""
@@ -107,7 +112,7 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         work, log = tmp_path / "w", tmp_path / "schedule.log"
         cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
         cmd += ["--workdir", str(work), "--logs", str(pipeline["simulate"]), "--judgments", str(DEFAULT_CATALOGUE)]
-        cmd += ["--train", "data.batch_size=64", "epochs=2", "model.ncell=16", "--no-analyze"]
+        cmd += [*ONE_HYBRID, "--train", "data.batch_size=64", "epochs=2", "model.ncell=16", "--no-analyze"]
         with open(log, "w") as out:
             serve = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         api = state["urls"]["prefect"]
@@ -189,7 +194,8 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             copy = tmp_path / f"c{seed}"
             shutil.copytree(work, copy, ignore=shutil.ignore_patterns(".lock", "report.json"))
             argv = ["run", "--workdir", str(copy), "--logs", str(pipeline["simulate"]), "--judgments"]
-            argv += [str(DEFAULT_CATALOGUE), "--no-analyze", "--no-index", "--train", *train, f"seed={seed}"]
+            argv += [str(DEFAULT_CATALOGUE), *ONE_HYBRID, "--no-analyze", "--no-index"]
+            argv += ["--train", *train, f"seed={seed}"]
             out = subprocess.PIPE
             procs[seed] = subprocess.Popen(
                 [*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True

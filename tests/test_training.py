@@ -116,10 +116,16 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     assert same(steps("process", start=4), steps("step", start=4))  # a resumed run
 
 
+# minilm: a tiny random BERT, its lower layer frozen and cached in each rank (AdamW)
+TINY_BERT = ["model.pretrained=false", "model.max_tokens=16", "model.train_layers=1"]
+
+
 @pytest.mark.integration  # more than one process
 # avg: the row-wise table is its only parameter (no DDP); masked: the ranks gather each other's row keys
 @pytest.mark.parametrize(
-    "encoder,extra", [("lstm", []), ("avg", []), ("lstm", ["loss.mask_in_batch=true"])], ids=["lstm", "avg", "masked"]
+    "encoder,extra",
+    [("lstm", []), ("avg", []), ("lstm", ["loss.mask_in_batch=true"]), ("minilm", TINY_BERT)],
+    ids=["lstm", "avg", "masked", "minilm"],
 )
 def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder, extra):
     common = [f"--workdir={tiny_data}", *TINY, "max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1", *extra]
