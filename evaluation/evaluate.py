@@ -22,7 +22,7 @@ from evaluation.hybrid import HybridScorer, fit_weights
 from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
 from evaluation.protocol import relevant_threshold as default_threshold
 from evaluation.report import write_report
-from evaluation.retrieval import Catalogue, evaluate_retrieval, fit_fusion
+from evaluation.retrieval import Catalogue, embedding, evaluate_retrieval, fit_fusion
 from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
 from retrieval.quality import METRICS as RETRIEVAL_METRICS
 
@@ -80,7 +80,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         catalogue = Catalogue.of_judged(pairs) if measure or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
             dev_set = (cfg.hybrid_dev, cfg.fusions, cfg.baseline_params)
-            fused = hybrids(trained, baselines, pairs, judged, *dev_set, catalogue, threshold)
+            fused = hybrids(trained, baselines, pairs, judged, *dev_set, catalogue)
             systems = [*baselines, *trained, *fused]
         queries, titles = eval_set.pairs()
         results: list[SystemResult] = []
@@ -183,7 +183,6 @@ def hybrids(
     specs: list[str],
     params: BaselineParams,
     catalogue: Catalogue | None = None,
-    threshold: float = 0.0,
 ) -> list[System]:
     """Each fusion of `specs` (evaluation/hybrid.py): "MODEL+..." once per trained model, a spec
     without MODEL once; the re-ranking weights fit on the validation queries of `negatives`, and with a
@@ -211,11 +210,17 @@ def hybrids(
             if unknown:
                 log.warning("fusion %s: no system %s here; left out", "+".join(names), ", ".join(unknown))
                 continue
-            out.append(fused_system([systems[n] for n in names], dev, catalogue, threshold))
+            # a partner is BM25, the bundled MiniLM or a trained two-tower model: what fusion.json can carry
+            odd = [n for n in names[1:] if n not in ("bm25", "minilm") and systems[n].kind != "trained"]
+            if odd or embedding(systems[names[0]].scorer) is None:
+                log.warning("fusion %s: %s cannot be fused (bm25, minilm or trained models only); left out",
+                            "+".join(names), ", ".join(odd or names[:1]))  # fmt: skip
+                continue
+            out.append(fused_system([systems[n] for n in names], dev, catalogue))
     return out
 
 
-def fused_system(components: list[System], dev: EvalSet, catalogue: Catalogue | None, threshold: float) -> System:
+def fused_system(components: list[System], dev: EvalSet, catalogue: Catalogue | None) -> System:
     """The hybrid of `components` (its model first), its weights fit on `dev`."""
     model, partners = components[0], components[1:]
     fit = fit_weights(dev, model.scorer, [p.scorer for p in partners])
@@ -229,7 +234,7 @@ def fused_system(components: list[System], dev: EvalSet, catalogue: Catalogue | 
         fusion["bm25"] = bm25.scorer.to_dict()
     params = model.params | fit.params() | {"components": "+".join(scorers)}
     if catalogue is not None:
-        chosen, grid = fit_fusion(dev, catalogue, scorers, threshold)
+        chosen, grid = fit_fusion(dev, catalogue, scorers)
         fusion["retrieval"] = chosen.to_dict()
         params |= {"retrieval_method": chosen.method, "retrieval_depth": chosen.depth}
         params["retrieval_weights"] = " ".join(f"{w:g}" for w in chosen.weights)

@@ -6,12 +6,13 @@ that pair alone (no per-query normalisation), so the same model serves re-rankin
 retrieval. The weights are chosen on the validation queries of `dssm negatives` (train-split
 queries the model never trained on) by the mean of NDCG@1/3/10, never on test queries. Grid per
 partner: `RATIOS` times std(s_0)/std(s_i) over the dev pairs, so it spans both scales whatever the
-judged set; with several partners, coordinate ascent over them, twice.
+judged set; with several partners, coordinate ascent over them (ROUNDS passes; one pass for one).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,12 +93,35 @@ def fit_weights(dev: EvalSet, model: Scorer, partners: Sequence[Scorer]) -> Fit:
     return Fit(weights, tuple(ratios), len(dev.queries), best_value, alone, grid)
 
 
+KINDS = ("model", "bm25", "minilm", "checkpoint")
+PARTNER_FILE = re.compile(r"component-\d+\.pt")  # a trained partner's checkpoint beside model.pt
+
+
 def fusion_components(fusion: dict) -> tuple[list[dict], list[float]]:
     """A fusion.json's components ({name, kind[, file]}, the model first) and the re-ranking weights of
-    the ones after it. One saved before components existed is the model and BM25, with its `weight`."""
-    if "components" in fusion:
-        return list(fusion["components"]), [float(w) for w in fusion["weights"]]
-    return [{"name": "model", "kind": "model"}, {"name": "bm25", "kind": "bm25"}], [float(fusion["weight"])]
+    the ones after it, checked (a fusion.json is a file anyone who reaches the registry can edit). One
+    saved before components existed is the model and BM25, with its `weight`."""
+    if "components" not in fusion:
+        return [{"name": "model", "kind": "model"}, {"name": "bm25", "kind": "bm25"}], [float(fusion["weight"])]
+    components, weights = fusion["components"], fusion.get("weights")
+    problem = None
+    if not isinstance(components, list) or not components or not isinstance(weights, list):
+        problem = "components and weights must be lists"
+    elif len(weights) != len(components) - 1:
+        problem = f"{len(weights)} weights for {len(components) - 1} components after the model"
+    elif [c.get("kind") for c in components if isinstance(c, dict)][:1] != ["model"]:
+        problem = "the first component must be the model"
+    elif any(not isinstance(c, dict) or c.get("kind") not in KINDS[1:] for c in components[1:]):
+        problem = f"each component after the model is one of {', '.join(KINDS[1:])}"
+    elif len({c.get("name") for c in components}) != len(components):
+        problem = "component names repeat"
+    elif any(c["kind"] == "checkpoint" and not PARTNER_FILE.fullmatch(str(c.get("file", ""))) for c in components):
+        problem = "a trained partner's file must be component-N.pt"
+    elif any(c["kind"] == "bm25" for c in components) and not isinstance(fusion.get("bm25"), dict):
+        problem = "a BM25 component needs the bm25 statistics"
+    if problem:
+        raise DssmError(f"fusion.json: {problem}")
+    return list(components), [float(w) for w in weights]
 
 
 def load_components(fusion: dict, model: Scorer, files: dict[str, Path]) -> dict[str, Scorer]:

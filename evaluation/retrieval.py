@@ -19,7 +19,7 @@ import numpy as np
 from core.text import norm
 from evaluation.protocol import EvalSet, paired_test
 from evaluation.systems import Scorer, System
-from retrieval.bm25 import CatalogueBM25, best
+from retrieval.bm25 import CatalogueBM25, matching
 from retrieval.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
 from retrieval.quality import DEPTH, METRICS, catalogue_metrics, judged_labels, ndcg10
 from retrieval.retriever import unit_rows
@@ -106,9 +106,7 @@ class Candidates:
         out = []
         for name in self.names:
             if name == LEXICAL:
-                scores = self._lexical(q, query)
-                top = best(scores, self.depth)
-                out.append(top[scores[top] > 0])
+                out.append(matching(self._lexical(q, query), self.depth))
             else:
                 out.append(self.dense[name][1][q])
         return out
@@ -140,7 +138,7 @@ def fused(
 
 
 def fit_fusion(
-    dev: EvalSet, catalogue: Catalogue, scorers: dict[str, Scorer], threshold: float
+    dev: EvalSet, catalogue: Catalogue, scorers: dict[str, Scorer]
 ) -> tuple[RetrievalFusion, dict[str, float]]:
     """The grid's fusion of `scorers` (the model first) with the best strict NDCG@10 on the dev
     queries; returns it and the grid. Each depth's candidates and standardised scores are computed

@@ -120,9 +120,9 @@ def _from_mlflow(uri: str) -> System:
         raise DssmError(f"--model {uri}: not a dssm two-tower model")
     tags = {"model_uri": uri, "train_run_id": str(model.metadata.run_id or "")}
     fusion = getattr(inner, "fusion", None)
-    components = getattr(inner, "components", {})
+    components, partners = getattr(inner, "components", {}), getattr(inner, "partner_paths", {})
     cfg = inner.embedder.cfg.flat()
-    return System(inner.name, inner.kind, inner.scorer, cfg, tags, inner.checkpoint_path, fusion, components)
+    return System(inner.name, inner.kind, inner.scorer, cfg, tags, inner.checkpoint_path, fusion, components, partners)
 
 
 def unique_names(systems: list[System]) -> None:

@@ -259,12 +259,13 @@ def train_stage(
     from evaluation.registry import registered_name
     from flows.warm_start import warm_start_source
 
+    own = ctx.cfg.train.for_encoder(encoder)  # the section with the encoder's train.per_encoder keys
     cfg = replace(
-        ctx.cfg.train.for_encoder(encoder),
+        own,
         experiment=ctx.judged.name,
         dataset=ctx.judged.name,
         mlflow_uri=ctx.mlflow_uri,
-        data=replace(ctx.cfg.train.data, negatives=negatives.path, vocab=vocab.path),
+        data=replace(own.data, negatives=negatives.path, vocab=vocab.path),
     )
     if ctx.window and ctx.cfg.train.warm_start:
         name = registered_name(ctx.judged.name)

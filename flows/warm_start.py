@@ -50,7 +50,7 @@ def warm_start_source(
     if champion is not None:
         checkpoint = layout.warm_start / f"v{champion.version}" / "model.pt"
         state, problem = _champion_state(name, champion.version, mlflow_uri, checkpoint)
-        theirs = state["config"]["model"] if state else {}
+        theirs = _model_config(state) if state else {}
         if state is None:
             why = f"champion v{champion.version} of {name} is not a readable dssm checkpoint: {problem}"
             log.warning("warm start: %s; training from scratch", why)
@@ -66,6 +66,17 @@ def warm_start_source(
     tmp.write_text(json.dumps(decisions, indent=2) + "\n")
     os.replace(tmp, decisions_path)
     return init_from, why
+
+
+def _model_config(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model config with the keys added since it was written at their defaults (which
+    keep the behaviour it had), or as saved when it no longer loads."""
+    from modeling.config import load_config
+
+    try:
+        return asdict(load_config(base=state["config"]).model)
+    except DssmError:
+        return state["config"].get("model", {})
 
 
 def _champion_state(name: str, version: str, mlflow_uri: str, checkpoint: Path) -> tuple[dict[str, Any] | None, str]:

@@ -131,10 +131,13 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     config since the checkpoint was written read as their defaults, which keep the behaviour it had,
     so a code update alone does not make a finished run stale."""
     try:
-        before = load_config(base=stored).flat()
+        stored_cfg = load_config(base=stored)
     except DssmError as e:  # a key since removed, or a value no longer valid
         return [str(e)]
-    return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in cfg.flat().items() if before.get(k) != v]
+    before, now = stored_cfg.flat(), cfg.flat()
+    if optimizer_name(stored_cfg) == optimizer_name(cfg):  # `auto` (the default since issue 48) is its resolution
+        before["optim.name"] = now["optim.name"]
+    return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in now.items() if before.get(k) != v]
 
 
 def optimizer_name(cfg: TrainConfig) -> str:

@@ -11,8 +11,8 @@ encoders.
 - Vector: the mean of the last layer's token states over the text (the sentence-transformers model
   does the same), so off the shelf it embeds as `evaluation.neural.MiniLMEmbedder` does.
 - CPU budget: `model.train_layers` = K trains only the top K layers. The embeddings and the layers
-  below are frozen, run in eval mode, and their output for a text is the same every time, so it is
-  cached per text (`cache_texts` entries): an epoch over the same titles pays the frozen layers once.
+  below are frozen, run in eval mode, and their output for a text is the same every time, so training
+  caches it per text (CACHE_TEXTS entries): an epoch over the same titles pays the frozen layers once.
   K >= the number of layers trains everything, without a cache.
 """
 
@@ -176,7 +176,11 @@ class MiniLMEncoder(Encoder):
 
     @torch.no_grad()
     def _frozen_states(self, batch: TokenBatch) -> Tensor:
-        """(n, L, hidden): the frozen layers' output, from the cache where the text has been seen."""
+        """(n, L, hidden): the frozen layers' output, from the cache where the text has been seen. Only
+        training fills and reads the cache: it revisits the same texts every epoch, while a served or
+        evaluated model sees each text about once and must not grow with what it is asked."""
+        if not self.training:
+            return self._run_frozen(batch.ids, batch.mask)
         rows = batch.ids.cpu().numpy()
         lengths = batch.mask.sum(1).cpu().numpy()
         keys = [rows[i, : lengths[i]].tobytes() for i in range(len(rows))]
@@ -184,11 +188,7 @@ class MiniLMEncoder(Encoder):
         if todo:
             idx = torch.tensor(todo, device=batch.ids.device)
             width = int(lengths[todo].max())
-            ids, mask = batch.ids[idx, :width], batch.mask[idx, :width]
-            hidden = self.bert.embeddings(input_ids=ids)
-            mask4d = self._mask4d(hidden, mask)
-            for layer in self.bert.encoder.layer[: self.frozen]:
-                hidden = layer(hidden, mask4d)
+            hidden = self._run_frozen(batch.ids[idx, :width], batch.mask[idx, :width])
             for j, i in enumerate(todo):
                 state = hidden[j, : lengths[i]].clone()
                 if len(self._cache) < CACHE_TEXTS:
@@ -200,6 +200,13 @@ class MiniLMEncoder(Encoder):
             state = self._cache[key] if isinstance(key, bytes) else key
             out[i, : lengths[i]] = state
         return out
+
+    def _run_frozen(self, ids: Tensor, mask: Tensor) -> Tensor:
+        hidden = self.bert.embeddings(input_ids=ids)
+        mask4d = self._mask4d(hidden, mask)
+        for layer in self.bert.encoder.layer[: self.frozen]:
+            hidden = layer(hidden, mask4d)
+        return hidden
 
     def forward(self, batch: TokenBatch, internals: bool = False) -> Tensor:
         mask = batch.mask

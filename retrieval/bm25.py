@@ -60,6 +60,13 @@ class CatalogueBM25:
         return top, scores[top]
 
 
+def matching(scores: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k highest scores that are above 0 (titles sharing a word with the query), best
+    first: BM25's candidates in a hybrid."""
+    top = best(scores, k)
+    return top[scores[top] > 0]
+
+
 def best(scores: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k highest scores, best first, ties by id: a partition, not a sort of the catalogue."""
     k = min(k, len(scores))

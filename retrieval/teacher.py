@@ -117,12 +117,9 @@ class Rankers:
     def top(self, name: str, queries: list[str], depth: int) -> list[list[str]]:
         """Each query's best `depth` titles of the pool under ranker `name`."""
         if name == "bm25":
-            out = []
-            for q in queries:
-                scores = self.bm25.scores(q)
-                ids = self.bm25.search(q, depth)[0]
-                out.append([self.titles[i] for i in ids if scores[i] > 0])
-            return out
+            from retrieval.bm25 import matching
+
+            return [[self.titles[i] for i in matching(self.bm25.scores(q), depth)] for q in queries]
         import faiss
 
         vectors = self.title_vectors(name, self.titles)
@@ -146,16 +143,12 @@ class Rankers:
         return out
 
 
-def _standardised(x: np.ndarray) -> np.ndarray:
-    sd = x.std()
-    return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
-
-
 def targets(scores: list[np.ndarray], weights: list[float], clicked: np.ndarray, temperature: float) -> np.ndarray:
-    """One list's teacher distribution: Σ w·z(score), clicked titles raised to the best unclicked one's
-    fused score, softmax(· / temperature)."""
-    fused = sum(w * _standardised(np.asarray(s, np.float64)) for w, s in zip(weights, scores, strict=True))
-    fused = np.asarray(fused, dtype=np.float64)
+    """One list's teacher distribution: Σ w·z(score) (`dssm search`'s z-score fusion), clicked titles
+    raised to the best unclicked one's fused score, softmax(· / temperature)."""
+    from retrieval.fusion import RetrievalFusion, fuse_scores
+
+    fused = fuse_scores(scores, RetrievalFusion("zscore", 0, tuple(weights)))
     if clicked.any() and (~clicked).any():
         fused[clicked] = np.maximum(fused[clicked], fused[~clicked].max())
     logits = fused / temperature
@@ -203,11 +196,13 @@ def teacher(
             raise DssmError("teacher: none of the scorers is available (index: no index from an earlier run yet)")
         train_files = sorted((negatives_dir / "train").glob("*.parquet"))
         tables = [pq.read_table(f) for f in train_files]
-        valid = pq.read_table(negatives_dir / "valid", columns=["query", "positive"]).to_pydict()
-        clicked: dict[str, set[str]] = {}
-        for t in [*(t.select(["query", "positive"]).to_pydict() for t in tables), valid]:
+        clicked: dict[str, set[str]] = {}  # train and valid queries are apart (split by query): train rows suffice
+        for t in (t.select(["query", "positive"]).to_pydict() for t in tables):
             for q, p in zip(t["query"], t["positive"], strict=True):
                 clicked.setdefault(q, set()).add(p)
+        if int(upstream["params"].get("list_size") or 0):
+            log.warning("teacher: %s carries impression lists (list_size > 0); the teacher's replace them",
+                        negatives_dir)  # fmt: skip
         queries = sorted({q for t in tables for q in t.column("query").to_pylist()})
         tops = [rankers.top(source, queries, cfg.depth) for source in sources]
         lists = [
@@ -217,6 +212,8 @@ def teacher(
         scored = [rankers.scores(name, queries, lists) for name in scorers]
         by_query = {}
         for i, (q, titles) in enumerate(zip(queries, lists, strict=True)):
+            if not titles:  # no candidate and no click in the pool: nothing to teach for this query
+                continue
             mask = np.array([t in clicked[q] for t in titles])
             p = targets([s[i] for s in scored], weights, mask, cfg.temperature)
             by_query[q] = (titles, p.tolist())
@@ -230,9 +227,9 @@ def teacher(
         for titles, _ in by_query.values():
             counts["lists"] += 1
             counts["listed_titles"] += len(titles)
-        counts["clicked_in_lists"] = sum(len(clicked[q] & set(by_query[q][0])) for q in queries)
+        counts["clicked_in_lists"] = sum(len(clicked[q] & set(titles)) for q, (titles, _) in by_query.items())
         shutil.copytree(negatives_dir / "valid", tmp / "valid")
-        counts["valid_rows"] = len(valid["query"])
+        counts["valid_rows"] = pq.ParquetDataset(tmp / "valid").read(columns=["query"]).num_rows
         log.info(
             "teacher (%s over %s candidates): %d lists, %.1f titles each, in %.0fs",
             "+".join(scorers),

@@ -267,7 +267,8 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     # The transformer encoder in the flow: a tiny random BERT (CI's stand-in for all-MiniLM-L6-v2) trained beside
     # the LSTM-RNN, fused with BM25 and the bundled MiniLM, every model and hybrid registered and gated; any
     # version indexes (its dense partners embedded on Spark too) and `dssm search` serves it
-    tiny_bert = "train.per_encoder.minilm=[model.pretrained=false,model.max_tokens=16,model.train_layers=1,epochs=2]"
+    tiny_bert = "train.per_encoder.minilm=[model.pretrained=false,model.max_tokens=16,model.train_layers=1,epochs=2,"
+    tiny_bert += "data.batch_size=32]"
     fusions = "evaluate.fusions=[MODEL+bm25,MODEL+bm25+minilm]"
     assert main([*base, "train.models=[lstm,minilm]", tiny_bert, fusions, "--train", *train]) == 0
     report = json.loads((work / "report.json").read_text())
@@ -277,6 +278,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert {"minilm-ft", "minilm-ft+bm25+minilm", "lstm+bm25+minilm"} <= set(gated)
     bert = read_checkpoint(work / "train" / "minilm" / "last.pt")["config"]
     assert bert["model"]["encoder"] == "minilm" and not bert["model"]["pretrained"] and bert["epochs"] == 2
+    assert bert["data"]["batch_size"] == 32 and Path(bert["data"]["negatives"]) == work / "negatives"
     trains = [t for t in report["pipeline"]["stages"] if t["stage"] == "train"]
     trained = [(Path(t["path"]).parent.name, t["skipped"]) for t in trains]
     assert trained == [("lstm", True), ("minilm", False)]  # the per-encoder keys leave the LSTM-RNN's config as it was

@@ -348,6 +348,22 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     embedded = loaded.predict(only_titles, params={"output": "title_embedding", "component": "lstm-7"})
     np.testing.assert_allclose(np.array(embedded["embedding"].tolist()), partner.embed(titles[:2], "doc"), atol=1e-5)
 
+    # the dev grid scores every weighting at once (standardised scores as matrices); each grid point's
+    # NDCG@10 is what ranking with that fusion (the served path above) gets
+    from core.judgments import JudgedSetSpec, read_judgments
+    from evaluation.protocol import build_eval_set
+    from evaluation.retrieval import fit_fusion
+    from retrieval.quality import catalogue_metrics
+
+    pairs = read_judgments(write_judged(tmp_path / "judged.csv"), JudgedSetSpec(encoding="utf-8"))
+    dev = build_eval_set(pairs, "tiny", "sha")
+    judged_catalogue = Catalogue.of_judged(pairs)
+    chosen, grid = fit_fusion(dev, judged_catalogue, scorers)
+    for fusion in (chosen, RetrievalFusion("rrf", 100, (0.5, 0.25, 0.25))):
+        ids = fused(judged_catalogue, scorers, [q.query for q in dev.queries], fusion, 10)
+        retrieved = {q.qid: [judged_catalogue.titles[i] for i in row] for q, row in zip(dev.queries, ids, strict=True)}
+        assert catalogue_metrics(dev, retrieved, 2.5)["ndcg@10"] == pytest.approx(grid[fusion.label], abs=1e-3)
+
 
 def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
     """A `dssm index` output written without Spark: the files retrieval/index.py writes (the title
