@@ -216,12 +216,13 @@ def require_manifest(output: Path, stage: str, content: bool = False) -> dict[st
     return manifest
 
 
-def up_to_date(output: Path, key: str) -> dict[str, Any] | None:
-    """The manifest when `output` holds the result of `key` intact, else None (and why, in the log)."""
+def up_to_date(output: Path, key: str, content: bool = False) -> dict[str, Any] | None:
+    """The manifest when `output` holds the result of `key` intact, else None (and why, in the log);
+    with `content`, every file's hash is checked too (a same-size corruption passes the size check)."""
     manifest = read_manifest(output)
     if manifest is None or manifest.get("input_key") != key:
         return None
-    problem = damage(output, manifest)
+    problem = altered(output, manifest) if content else damage(output, manifest)
     if problem:
         log.warning("%s is damaged (%s): recomputing it", output, problem)
         return None
@@ -265,6 +266,7 @@ def publish(
     build: Callable[[Path], dict[str, Any]],
     force: bool = False,
     upstream: list[dict[str, Any]] | None = None,
+    verify_content: bool = False,
 ) -> dict[str, Any]:
     """Up-to-date check -> temp dir -> `build(tmp)` -> manifest -> atomic rename; returns the manifest.
     A full disk (ENOSPC, EDQUOT) while building fails with a DssmError naming `out`.
@@ -272,13 +274,14 @@ def publish(
     code: `code_fingerprint` of the stage's module; inputs: name -> {"path", "sha256", ...} (the
     hashes enter the key); upstream: the manifests of the stage outputs read (their code is chained
     in). `build` writes the output's files into the temp dir and returns the manifest's other fields
-    (counts, outputs, ...). The manifest records `skipped` only in what this returns.
+    (counts, outputs, ...). The manifest records `skipped` only in what this returns. verify_content:
+    the up-to-date check hashes every file (an output served as it is, such as the index).
     """
     out = Path(out)
     chained = lineage(code, upstream or [])
     key = input_key(stage, {k: v.get("sha256") for k, v in inputs.items()}, params, chained)
     if not force:
-        done = up_to_date(out, key)
+        done = up_to_date(out, key, verify_content)
         if done is not None:
             log.info("%s: %s is up to date, nothing to do", stage, out)
             return done | {"skipped": True}

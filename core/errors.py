@@ -18,6 +18,11 @@ class TransientError(DssmError):
     """A failure that may pass on a retry: a service (Spark master, MLflow server) not reachable yet."""
 
 
+class NotADssmModel(DssmError):
+    """A logged or registered model that this project did not write, or whose files it refuses (no
+    checkpoint, an unreadable MLmodel or fusion.json, a checkpoint that is not plain data)."""
+
+
 class StageFailed(DssmError):
     """A pipeline stage failed: names the stage and its input so the message says where to look."""
 

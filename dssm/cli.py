@@ -13,11 +13,13 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
 import dssm
 from core.errors import DssmError
+from core.stopping import Stopped, is_stop, signal_of, signals_stop
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,9 @@ def _encoders() -> str:
 
 class _Unactionable(logging.Filter):
     """MLflow notices about choices this project made on purpose: a PythonModel object (not models
-    from code), the input example's check, and spark_udf in the current environment."""
+    from code) and the input example's check."""
 
-    NOTICES = ("Passing a Python object as `python_model`", "Validating input example", "Calling `spark_udf()`")
+    NOTICES = ("Passing a Python object as `python_model`", "Validating input example")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(self.NOTICES)
@@ -223,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     # PySpark logs every analysis error as a JSON blob with the Java trace; main() prints one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
     try:
-        args.func(args)
+        with signals_stop():
+            args.func(args)
     except DssmError as e:
         print(f"dssm {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -236,9 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print(f"dssm {args.command}: interrupted; finished outputs are kept, partial ones discarded", file=sys.stderr)
-        return 130
+    except BaseException as e:  # ^C, SIGTERM (core/stopping.py; Prefect's TerminationSignal in a flow run)
+        if not is_stop(e):
+            raise
+        why = str(e) if isinstance(e, Stopped) else f"stopped by {signal.Signals(signal_of(e)).name}"
+        print(f"dssm {args.command}: {why}; finished outputs are kept, partial ones discarded", file=sys.stderr)
+        return 128 + signal_of(e)
     return 0
 
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import mlflow
@@ -32,7 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from core.errors import DssmError
+from core.errors import DssmError, NotADssmModel
 from core.text import capped_query, checked_texts
 from modeling.checkpoint import read_checkpoint
 
@@ -113,6 +116,66 @@ class HybridModel(TwoTowerModel):
         if scorer is None or not hasattr(scorer, "embed"):
             raise MlflowException.invalid_parameter_value(f"no component {component!r} that embeds texts in this model")
         return scorer
+
+
+def logged_files(uri: str) -> tuple[dict[str, Path], str]:
+    """A logged pyfunc model's artifact files by name (downloaded) and the run that logged it, read
+    from its MLmodel file as YAML. Its python_model.pkl and code/ are never loaded: anyone who can
+    register a version (the stack's MLflow has no authentication) could put code in them."""
+    import yaml
+
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(uri))
+    except Exception as e:  # MLflow raises several types for a bad URI or a missing model
+        raise DssmError(f"{uri}: cannot download the MLflow model ({type(e).__name__}: {e})") from None
+    try:
+        spec = yaml.safe_load((local / "MLmodel").read_text()) or {}
+        artifacts = spec["flavors"]["python_function"].get("artifacts") or {}
+        files = {str(name): (local / str(a["path"])).resolve() for name, a in artifacts.items()}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as e:
+        raise NotADssmModel(f"{uri}: not a pyfunc model this project logged ({type(e).__name__}: {e})") from None
+    outside = [name for name, path in files.items() if not path.is_relative_to(local.resolve()) or not path.exists()]
+    if outside:
+        raise NotADssmModel(f"{uri}: artifact(s) {', '.join(outside)} missing or outside the model's directory")
+    return files, str(spec.get("run_id") or "")
+
+
+def model_from_files(files: dict[str, Path], source: str) -> TwoTowerModel:
+    """The pyfunc model rebuilt by this code from its files (checkpoint, fusion, component-I): what
+    `mlflow.pyfunc.load_model` gives, without unpickling anything (checkpoints load weights only)."""
+    if "checkpoint" not in files or not Path(files["checkpoint"]).is_file():
+        raise NotADssmModel(f"{source}: not a dssm two-tower model (no checkpoint among its artifacts)")
+    model = HybridModel() if "fusion" in files else TwoTowerModel()
+    try:
+        model.load_context(SimpleNamespace(artifacts={name: str(path) for name, path in files.items()}))
+    except (DssmError, OSError, ValueError, KeyError, TypeError) as e:  # a refused checkpoint, a bad fusion.json
+        raise NotADssmModel(f"{source}: not a dssm model this code can load ({type(e).__name__}: {e})") from None
+    return model
+
+
+def model_dir_files(model_dir: Path) -> dict[str, Path]:
+    """A model directory as `dssm index` copies one (model.pt, fusion.json, component-I.pt) as the
+    artifacts its pyfunc model was logged with."""
+    files = {"checkpoint": model_dir / "model.pt"} | {p.stem: p for p in sorted(model_dir.glob("component-*.pt"))}
+    return files | ({"fusion": model_dir / "fusion.json"} if (model_dir / "fusion.json").is_file() else {})
+
+
+def copy_model_files(files: dict[str, Path], dest: Path, source: str) -> None:
+    """A logged model's files (logged_files) into `dest` under the names model_dir_files reads."""
+    if "checkpoint" not in files:
+        raise NotADssmModel(f"{source}: not a dssm two-tower model (no checkpoint among its artifacts)")
+    dest.mkdir()
+    names = {"checkpoint": "model.pt", "fusion": "fusion.json"}
+    for name, path in files.items():
+        if name in names or re.fullmatch(r"component-\d+", name):
+            shutil.copy2(path, dest / names.get(name, f"{name}.pt"))
+
+
+def load_logged_model(uri: str) -> tuple[TwoTowerModel, str]:
+    """A registered or logged dssm model (models:/NAME@ALIAS, models:/NAME/V, runs:/…) and the run that
+    logged it, loaded as data (logged_files, model_from_files)."""
+    files, run_id = logged_files(uri)
+    return model_from_files(files, uri), run_id
 
 
 def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
@@ -234,7 +297,14 @@ def champion_gate(
         return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
     known = champion.tags.get(tag)
     if known is None:
-        champion_ndcg = score_champion(f"models:/{name}@{CHAMPION}")
+        try:
+            champion_ndcg = score_champion(f"models:/{name}@{CHAMPION}")
+        except NotADssmModel as e:  # e.g. a version registered by hand: it cannot compete (a lost server can)
+            log.warning("%s champion v%s cannot be scored, v%s replaces it: %s", name, champion.version, version, e)
+            client.set_registered_model_alias(name, CHAMPION, version)
+            reason = f"champion v{champion.version} cannot be scored ({e}): replaced"
+            reason += _settle(client, name, tag, champion.version)
+            return GateDecision(True, version, ndcg10, champion.version, None, reason)
         client.set_model_version_tag(name, champion.version, tag, f"{champion_ndcg:.6f}")
     else:
         champion_ndcg = float(known)

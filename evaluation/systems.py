@@ -109,16 +109,13 @@ def load_trained(spec: str) -> System:
 
 
 def _from_mlflow(uri: str) -> System:
-    import mlflow
+    from evaluation.registry import load_logged_model
 
     try:
-        model = mlflow.pyfunc.load_model(uri)
-    except Exception as e:  # MLflow raises several types for a bad URI or a missing model
-        raise DssmError(f"--model {uri}: cannot load the MLflow model ({type(e).__name__}: {e})") from None
-    inner = model.unwrap_python_model()
-    if getattr(inner, "scorer", None) is None:
-        raise DssmError(f"--model {uri}: not a dssm two-tower model")
-    tags = {"model_uri": uri, "train_run_id": str(model.metadata.run_id or "")}
+        inner, run_id = load_logged_model(uri)
+    except DssmError as e:
+        raise type(e)(f"--model {e}") from None  # NotADssmModel stays one: the gate replaces such a champion
+    tags = {"model_uri": uri, "train_run_id": run_id}
     fusion = getattr(inner, "fusion", None)
     components, partners = getattr(inner, "components", {}), getattr(inner, "partner_paths", {})
     cfg = inner.embedder.cfg.flat()

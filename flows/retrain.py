@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 
 from core.judgments import resolve_judged_set
 from core.layout import Layout
+from core.stopping import begin, is_stop, signal_of
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, nested_under
 from flows import stages
@@ -101,7 +102,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)
             return summary
         except BaseException as e:
-            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            status = "KILLED" if is_stop(e) else "FAILED"
+            if is_stop(e):  # Prefect's handler took the signal while the flow ran: the watchdog starts here
+                begin(signal_of(e))
             try:  # the flow's own error is the one to report, not a second one on the way out
                 close_parent(ctx.mlflow_uri, parent, status)
             except Exception as closing:

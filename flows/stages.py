@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.artifacts import read_manifest, sha256_file
+from core.artifacts import altered, read_manifest, sha256_file
 from core.errors import DssmError, StageFailed
 from core.judgments import JudgedSet
 from core.layout import Layout
@@ -58,6 +58,10 @@ class StageOutput:
         """What an earlier run's stage left at `path` (e.g. last night's index), None when nothing is there."""
         manifest = read_manifest(path)
         if not manifest or "content_sha256" not in manifest:
+            return None
+        problem = altered(path, manifest)  # what reads it would fail on every night, before its stage rebuilt it
+        if problem:
+            log.warning("%s left by an earlier run is damaged (%s): this run goes on without it", path, problem)
             return None
         return cls.of_manifest(stage, path, manifest | {"skipped": True})
 

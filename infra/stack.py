@@ -128,11 +128,13 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
         prefect_env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = stores["prefect"]
     return {
         "mlflow": (
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+            [sys.executable, "-m", "mlflow", "server",
              "--artifacts-destination", str(root / "mlflow" / "artifacts"),
              "--host", cfg.host, "--port", str(cfg.mlflow_port), "--workers", "1",
              "--allowed-hosts", ",".join(mlflow_hosts), "--cors-allowed-origins", ",".join(mlflow_origins)],
-            {},
+            # the store's URL (its password) in the environment, which only this user reads: every local
+            # user reads a command line (`ps`)
+            {"MLFLOW_BACKEND_STORE_URI": backend},
         ),
         "prefect": (
             [str(bin_dir / "prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)],

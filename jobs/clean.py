@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import time
 from collections import Counter
@@ -39,6 +40,7 @@ from pyspark.sql import functions as F
 
 from core.artifacts import MANIFEST, code_fingerprint, content_sha256, data_files, publish, read_manifest
 from core.errors import DssmError
+from jobs.filetasks import UNREADABLE
 from jobs.hadoopfs import HadoopPath
 from jobs.rawlog import MALFORMED_REASONS, PARSED, Catalogue, parse_batches, read_catalogue
 from jobs.rules import rule_drops
@@ -207,8 +209,8 @@ def clean(
                 read_info = parse_input(spark, source, cfg, catalogue.ids if catalogue else None, scratch)
             except DssmError:
                 raise
-            except Exception:
-                damaged = damaged_input(spark, source)
+            except Exception as e:
+                damaged = unreadable_file(str(e)) or damaged_input(spark, source)
                 if damaged:  # Spark's own message names no file
                     raise DssmError(damaged) from None
                 raise
@@ -367,6 +369,12 @@ def rejected_by_reason(scratch: list[str], drops: Path) -> dict[str, int]:
             if item["values"] is not None:
                 counts[item["values"]] += item["counts"]
     return dict(counts)
+
+
+def unreadable_file(error: str) -> str | None:
+    """The file a parse task could not read (filetasks.UNREADABLE in Spark's message), or None."""
+    found = re.search(rf"{re.escape(UNREADABLE)} ([^\n]*)", error)
+    return f"{found.group(1)}; repair it or move it out of the input" if found else None
 
 
 def damaged_input(spark: SparkSession, source: str) -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def parse_files(
         source, path = files[i]
         rows, pending = 0, []
         with pq.ParquetWriter(Path(out) / f"part-{i:05d}.parquet", PARSED, compression="snappy") as writer:
-            for parsed in parse(read(source, path, i)):
+            for parsed in parse(_named(read(source, path, i), source)):
                 pending.append(parsed)
                 rows += parsed.num_rows
                 if sum(b.num_rows for b in pending) >= ROW_GROUP:  # few, large row groups, as Spark writes
@@ -91,6 +92,18 @@ def parse_files(
         return rows
 
     return python_tasks(spark, len(files), task)
+
+
+UNREADABLE = "dssm: an unreadable input file"  # what clean finds in the error Spark raises for a task
+
+
+def _named(batches: Iterator[pa.RecordBatch], source: str) -> Iterator[pa.RecordBatch]:
+    """`batches` of one file; a file that cannot be read to its end (a truncated .bz2 or .gz, a damaged
+    Parquet page) fails naming itself: Spark's error for the task names none."""
+    try:
+        yield from batches
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
+        raise RuntimeError(f"{UNREADABLE} {source}: a damaged or truncated file ({type(e).__name__}: {e})") from None
 
 
 def first_line(index: int) -> int:

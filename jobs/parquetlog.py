@@ -362,12 +362,13 @@ def _parse(
         return
     col = {name: batch.column(name) for name in batch.schema.names}
     ok = np.ones(n, bool)
-    for f in ("impression_id", "ts", "user_id", "query", "results", "clicks", "v"):
+    for f in ("impression_id", "ts", "user_id", "query", "results", "clicks"):
         if f in col:
             ok &= col[f].is_valid().to_numpy(zero_copy_only=False)
     if "conflict" in col:
         ok &= col["conflict"].is_null().to_numpy(zero_copy_only=False)
-    version = col["v"].fill_null(0).to_numpy().astype(np.int64) if "v" in col else np.full(n, ctx.version)
+    # a null v is a file without the column read beside files with it (mergeSchema): the table's version
+    version = col["v"].fill_null(ctx.version).to_numpy().astype(np.int64) if "v" in col else np.full(n, ctx.version)
     ok &= (version == 1) | (version == 2)
     ts_ms = _ts_ms(col["ts"], ok)
 
@@ -464,7 +465,7 @@ def _as_json_record(record: dict, ctx: _Context) -> dict:
     """The JSON-format record a row stands for: a null struct field is an absent key (Parquet does
     not tell them apart), so a null dwell_ms means not logged, as an absent one does in JSON."""
     out = {f: record.get(f) for f in ("v", "impression_id", "ts", "user_id", "query")}
-    if "v" not in record:
+    if record.get("v") is None:  # no v column, or a file without it beside files with it
         out["v"] = ctx.version
     if isinstance(out["ts"], int | float):  # out of datetime's range: kept as text, parse_line's bad_value
         out["ts"] = str(out["ts"])

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from core.artifacts import code_fingerprint, lineage, require_manifest
 from core.errors import DssmError
 from core.layout import Layout
+from core.stopping import is_stop
 from core.tracking import default_tracking_uri
 from modeling.checkpoint import LAST, save_checkpoint, warm_start
 from modeling.config import TrainConfig
@@ -208,6 +209,9 @@ def loop(run: Run) -> dict[str, Any]:
         val = validate(run, step)
         checkpoint(run, step, val)
         status = "FINISHED"
+    except BaseException as e:
+        status = "KILLED" if is_stop(e) else "FAILED"  # SIGTERM, ^C: the run resumes from its last checkpoint
+        raise
     finally:
         bar.close()
         run.tracker.close(status)

@@ -1,7 +1,8 @@
 """`dssm index`: embed every title of a catalogue with a registered model and build its ANN index.
 
-The titles are embedded on Spark with `mlflow.pyfunc.spark_udf` (MLflow's own batch inference: each
-executor loads the model once, and the job runs unchanged on a cluster) into `embeddings/`; the
+The titles are embedded on Spark by a pandas UDF (the model's files reach each executor as an archive
+through SparkContext.addFile and load once per Python worker as data, never from the logged model's
+pickle; the job runs unchanged on a cluster) into `embeddings/`; the
 driver then builds a faiss index of the unit vectors (`titles.faiss`) and copies the model's
 checkpoint into `model/`, so the directory answers queries on its own (retrieval/retriever.py).
 With a tracking store, the directory is logged as the pyfunc `retriever` in the model version's
@@ -17,11 +18,15 @@ lost directory) reuses that version rather than registering a copy.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
-import re
+import os
 import shutil
+import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -174,17 +179,63 @@ def read_vectors(embeddings: Path, column_name: str = "embedding"):
 
 def copy_model_files(model: ModelRef, dest: Path) -> None:
     """The model's checkpoint (and a hybrid's fusion.json and partners' checkpoints) into dest, so the
-    index serves on its own."""
-    import mlflow
+    index serves on its own: the artifacts its MLmodel file names, never its pickle."""
+    from evaluation.registry import copy_model_files as copy_logged
+    from evaluation.registry import logged_files
 
-    local = Path(mlflow.artifacts.download_artifacts(model.uri))
-    dest.mkdir()
-    wanted = lambda name: name in ("model.pt", "fusion.json") or re.fullmatch(r"component-\d+\.pt", name)  # noqa: E731
-    found = {p.name: p for p in local.rglob("*") if p.is_file() and wanted(p.name)}
-    if "model.pt" not in found:
-        raise DssmError(f"{model.uri}: not a dssm two-tower model (no model.pt among its artifacts)")
-    for path in found.values():
-        shutil.copy2(path, dest / path.name)
+    files, _ = logged_files(model.uri)
+    copy_logged(files, dest, model.uri)
+
+
+def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
+    """`embedder(component)`: a pandas UDF that embeds a title column with the model files in
+    `model_dir` ("" for the model's own tower, else a hybrid's dense component). The directory reaches
+    the executors as a tar archive through SparkContext.addFile (a cluster shares no disk), and each
+    Python worker loads it once as data (evaluation/registry.model_from_files): no pickled model runs."""
+    import numpy as np
+    from pyspark.sql.functions import pandas_udf
+
+    # Spark serves an added file from where it was added for as long as the context lives (an executor that
+    # joins later fetches it then): the archive stays until this process exits.
+    staging = Path(tempfile.mkdtemp(prefix="dssm-index-"))
+    atexit.register(shutil.rmtree, staging, True)
+    archive = Path(shutil.make_archive(str(staging / f"dssm-model-{uuid.uuid4().hex}"), "tar", model_dir))
+    spark.sparkContext.addFile(str(archive))
+    name = archive.name
+
+    def embedder(component: str):
+        def embed(titles):  # a pandas Series of titles -> their vectors (no hints: a scalar pandas UDF)
+            import pandas as pd
+
+            vectors = executor_model(name).embedder_of(component).embed(titles.tolist(), "doc")
+            return pd.Series(list(np.asarray(vectors, dtype=np.float32)))
+
+        return pandas_udf(embed, "array<float>")
+
+    return embedder
+
+
+_EXECUTOR_MODEL: dict[str, Any] = {}  # per Python worker: the archive name -> its model (the last one only)
+
+
+def executor_model(archive_name: str):
+    """The model of a shipped_model archive, unpacked into this worker's Spark files directory (removed
+    with the Spark context) and loaded on first use."""
+    from pyspark import SparkFiles
+
+    from evaluation.registry import model_dir_files, model_from_files
+
+    loaded = _EXECUTOR_MODEL.get(archive_name)
+    if loaded is None:
+        root = Path(SparkFiles.getRootDirectory())
+        target = root / f"{archive_name}.{os.getpid()}"
+        if not target.is_dir():  # unpacked whole, then renamed: a failed unpack leaves no partial model
+            partial = Path(tempfile.mkdtemp(dir=root))
+            shutil.unpack_archive(SparkFiles.get(archive_name), partial, "tar")
+            os.replace(partial, target)
+        _EXECUTOR_MODEL.clear()  # a reused worker keeps one model, not every index's
+        loaded = _EXECUTOR_MODEL[archive_name] = model_from_files(model_dir_files(target), archive_name)
+    return loaded
 
 
 def index(
@@ -199,7 +250,6 @@ def index(
 ) -> dict[str, Any]:
     """Embed the catalogue with the model, build the index into `out` and (with `register`) log it;
     skipped when the model version, the titles and the settings are those of the index already there."""
-    import mlflow
     from pyspark.sql import functions as F
 
     from jobs.spark import cluster_errors, stable_layout, write_parquet
@@ -219,20 +269,15 @@ def index(
         copy_model_files(model, tmp / "model")
         partners = dense_partners(tmp / "model")
 
-        def embedder(component: str = ""):
-            params = {"output": "title_embedding"} | ({"component": component} if component else {})
-            kwargs = dict(result_type="embedding array<float>", env_manager="local", params=params)
-            return mlflow.pyfunc.spark_udf(spark, model.uri, **kwargs)
-
         df = catalogue_titles(spark, titles)
         rows = df.count()
         if rows == 0:
             raise DssmError(f"--titles {titles}: no titles")
         df = stable_layout(df, rows, cfg.rows_per_file, "title")
-        title = F.struct("title")
-        extra = [embedder(name)(title).embedding.alias(partner_column(p)) for p, name in partners.items()]
+        embedder = shipped_model(spark, tmp / "model")
+        extra = [embedder(name)("title").alias(partner_column(p)) for p, name in partners.items()]
         df = df.select(
-            "title", embedder()(title).embedding.alias("embedding"), F.lit(model.label).alias("model_version"), *extra
+            "title", embedder("")("title").alias("embedding"), F.lit(model.label).alias("model_version"), *extra
         )
         write_parquet(df, tmp / "embeddings", embeddings_schema(list(partners)))
         embed_seconds = time.perf_counter() - started
@@ -275,7 +320,8 @@ def index(
         return {"counts": counts, "model": asdict(model)}
 
     with cluster_errors(out):
-        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force)
+        # every file hashed before the index counts as up to date: dssm search refuses a same-size corruption
+        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force, None, True)
     # After the rename, so the logged copy carries the manifest its loader checks every file against;
     # an index whose registration failed is up to date next time and only registered then.
     if register and model.name and "retriever" not in manifest:

@@ -24,7 +24,7 @@ def retriever_uri(uri: str, tracking_uri: str) -> str:
     from core.tracking import client
     from retrieval.index import resolve_model
 
-    if "retriever" in uri.rsplit("/", 1)[-1].split("@")[0] or not uri.startswith("models:/"):
+    if not uri.startswith("models:/") or uri[len("models:/") :].split("@")[0].split("/")[0].endswith("-retriever"):
         return uri
     model = resolve_model(uri, tracking_uri)
     tag = client(tracking_uri).get_model_version(model.name, model.version).tags.get("retriever_uri")
@@ -39,17 +39,19 @@ def load(args: argparse.Namespace):
 
     if not args.model:
         return Retriever.load(args.index or Layout(args.workdir).index, args.ef_search)
-    import mlflow
-
     from core.tracking import default_tracking_uri, use_store
+    from evaluation.registry import logged_files
 
     tracking = args.mlflow_uri or default_tracking_uri(Path(args.workdir))
     use_store(tracking)
     uri = retriever_uri(args.model, tracking)
     try:
-        return mlflow.pyfunc.load_model(uri).unwrap_python_model().retriever
-    except Exception as e:  # MLflow raises several types for a bad URI or a missing model
-        raise DssmError(f"--model {uri}: cannot load the retriever ({type(e).__name__}: {e})") from None
+        files, _ = logged_files(uri)  # the index directory as data: its python_model.pkl is never loaded
+    except DssmError as e:
+        raise DssmError(f"--model {e}") from None
+    if "index" not in files:
+        raise DssmError(f"--model {uri}: not a dssm retriever (no index among its artifacts)")
+    return Retriever.load(files["index"], args.ef_search)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

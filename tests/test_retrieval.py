@@ -1,4 +1,4 @@
-"""Retrieval over the whole catalogue: the index stage (Spark, mlflow spark_udf, faiss), `dssm search`,
+"""Retrieval over the whole catalogue: the index stage (Spark pandas UDF over the model files, faiss), `dssm search`,
 the pyfunc retriever in a fresh process, the registered model behind `mlflow models serve`, the
 full-catalogue metrics and bm25s against PROTOCOL.md's BM25."""
 
@@ -45,7 +45,7 @@ def catalogue(path: Path) -> list[str]:
     return sorted(titles)
 
 
-def test_index_embeds_with_spark_udf_searches_exactly_and_logs_a_retriever(spark, registered, tmp_path, capsys):
+def test_index_embeds_on_spark_searches_exactly_and_logs_a_retriever(spark, registered, tmp_path, capsys):
     from retrieval.index import index
     from retrieval.retriever import Retriever
 

@@ -21,12 +21,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 from conftest import free_port
 
 from core.artifacts import read_manifest
-from infra import stack
+from infra import database, stack
 from jobs.catalogue import DEFAULT_CATALOGUE
 
 pytestmark = pytest.mark.integration
@@ -97,6 +98,11 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         # both servers keep their state in their own database on the PostgreSQL server, none in sqlite
         assert state["database"] == stack.database_record(cfg) and state["database"]["kind"] == "postgresql"
         assert not list((cfg.root / "mlflow").glob("*.db")) and not list((cfg.root / "prefect").glob("*.db"))
+        # no store URL (a password) in any command line of the stack: `ps` shows those to every local user
+        stores = database.service_urls(postgres_url).values()
+        for service in state["services"].values():
+            for proc in [psutil.Process(service["pid"]), *psutil.Process(service["pid"]).children(recursive=True)]:
+                assert not [url for url in stores if url in " ".join(proc.cmdline())], proc.cmdline()[:3]
         from dssm.cli import main
 
         capsys.readouterr()
@@ -152,7 +158,7 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             "evaluate",
             "index",
         ]
-        # the data stages and the index's spark_udf ran on the stack's Spark master ...
+        # the data stages and the index's embedding UDF ran on the stack's Spark master ...
         with urllib.request.urlopen(f"{state['urls']['spark_ui']}/json/") as response:
             spark_state = json.loads(response.read())
         assert "dssm-run" in [app["name"] for app in spark_state["completedapps"] + spark_state["activeapps"]]
@@ -334,7 +340,6 @@ def test_one_database_url_gives_each_server_its_own_database_and_driver(postgres
     from sqlalchemy.engine import make_url
 
     from core.errors import DssmError
-    from infra import database
 
     urls = database.service_urls("postgres://team:s3cret@db.example:5433/dssm?sslmode=require")
     assert urls == {
@@ -347,7 +352,8 @@ def test_one_database_url_gives_each_server_its_own_database_and_driver(postgres
 
     compose = yaml.safe_load((Path(__file__).parents[1] / "infra" / "scale-out" / "compose.yaml").read_text())
     team = database.service_urls("postgresql://dssm:dssm@postgres:5432/dssm")
-    assert f"--backend-store-uri {team['mlflow']} " in compose["services"]["mlflow"]["command"]
+    assert compose["services"]["mlflow"]["environment"]["MLFLOW_BACKEND_STORE_URI"] == team["mlflow"]
+    assert "dssm:dssm" not in compose["services"]["mlflow"]["command"]  # a command line is anyone's to read
     assert compose["services"]["prefect"]["environment"]["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == team["prefect"]
     with pytest.raises(DssmError, match="'mysql' is not supported"):
         database.service_urls("mysql://root@127.0.0.1/dssm")

@@ -1,0 +1,112 @@
+"""SIGTERM and SIGINT stop a dssm command within seconds, as schedulers expect (Kubernetes waits 30 s,
+systemd 90 s, before SIGKILL).
+
+The first signal raises `Stopped` (a KeyboardInterrupt) in the main thread: what runs there unwinds,
+so a stage publishes nothing (outputs are renamed into place only when complete), training leaves its
+last checkpoint, and the MLflow runs are ended KILLED on the way out; the next run resumes. A watchdog
+thread makes sure of the exit: whatever still runs `GRACE_SECONDS` later (a flow engine retrying a
+Prefect server that the same signal ended, a worker thread) is cut off: the process's children are
+terminated and it exits with 128 + the signal's number. Its helpers (Spark's JVM, torchrun, the
+ephemeral Prefect server) are ended by the guardian (flows/guardian.py) once it is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+GRACE_SECONDS = 10.0
+_requested = threading.Event()
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal asked this process to stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    def __reduce__(self):
+        return (Stopped, (self.signum,))
+
+
+def is_stop(error: BaseException) -> bool:
+    """Whether `error` is a requested stop: a signal (ours, or Prefect's TerminationSignal, which Prefect
+    raises in place of ours while a flow runs) or ^C. MLflow runs so ended are KILLED, not FAILED."""
+    return isinstance(error, KeyboardInterrupt) or any(c.__name__ == "TerminationSignal" for c in type(error).__mro__)
+
+
+def signal_of(error: BaseException) -> int:
+    """The signal number behind a stop (is_stop): ours, Prefect's TerminationSignal's, else SIGINT (^C)."""
+    return int(getattr(error, "signum", None) or getattr(error, "signal", None) or signal.SIGINT)
+
+
+def requested() -> bool:
+    return _requested.is_set()
+
+
+def begin(signum: int, grace: float = GRACE_SECONDS) -> None:
+    """A stop has begun (once per process): the watchdog that ends the process `grace` seconds from now
+    if it is still running. Called by our handler, and where Prefect's own handler took the signal (a
+    flow run: flows/retrain.py), since that handler starts none."""
+    if _requested.is_set():
+        return
+    _requested.set()
+    log.warning("%s: stopping (at most %.0f s)", signal.Signals(signum).name, grace)
+    threading.Thread(target=_deadline, args=(signum, grace), name="dssm-stop", daemon=True).start()
+
+
+@contextlib.contextmanager
+def signals_stop(grace: float = GRACE_SECONDS) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT stop this process as the module says; the handlers before
+    it come back after it (a command called in process, as the tests do). Main thread only: Python's rule."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame) -> None:
+        begin(signum, grace)
+        raise Stopped(signum)
+
+    before = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, previous in before.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)  # None: set from C
+
+
+def _deadline(signum: int, grace: float) -> None:
+    time.sleep(grace)
+    # not through logging: the main thread may hold a handler's lock where it is stuck
+    with contextlib.suppress(OSError):
+        os.write(2, f"dssm: still running {grace:.0f} s after {signal.Signals(signum).name}: exiting now\n".encode())
+    end_children()
+    os._exit(128 + signum)
+
+
+def end_children(wait: float = 3.0) -> None:
+    """Terminate this process's descendants; kill those left after `wait` seconds."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=wait)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass

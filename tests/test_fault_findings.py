@@ -1,0 +1,121 @@
+"""Issue 51's fault-probe findings, each pinned. A registered model is loaded as data: its python_model.pkl
+never runs (finding 1). The stack's
+MLflow has no authentication, so anyone who reaches it can register a version whose pickle runs code
+and point the champion alias at it; the nightly evaluate (the gate scores a champion it never
+measured), the index stage and `dssm search --model` used to unpickle it. A champion that is no dssm
+model is replaced by the gate, with a warning, instead of failing every night (finding 2). A same-size
+corruption of the index is rebuilt by the index stage, and mining goes on without it (finding 4)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import mlflow
+import pytest
+from conftest import tiny_model
+
+from core.errors import NotADssmModel
+
+
+class PlantedModel(mlflow.pyfunc.PythonModel):
+    """Unpickling this writes `marker`: what a planted python_model.pkl does under mlflow.pyfunc.load_model."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('code from python_model.pkl ran')",))
+
+    def predict(self, context, model_input, params=None):
+        return model_input
+
+
+def plant(uri: str, name: str, marker: Path, artifacts: dict[str, str]) -> str:
+    """Register a version of `name` whose pickle writes `marker` and make it the champion; its URI."""
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("planted")
+    with mlflow.start_run():
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=PlantedModel(marker),
+            artifacts=artifacts,
+            registered_model_name=name,
+            pip_requirements=["mlflow"],  # else MLflow loads the model to infer them, running the payload here
+        )
+    assert not marker.exists()
+    version = str(info.registered_model_version)
+    mlflow.MlflowClient(uri).set_registered_model_alias(name, "champion", version)
+    return f"models:/{name}/{version}"
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(None)
+
+
+def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_data, tmp_path, store):
+    from evaluation.systems import load_trained
+    from retrieval.index import index
+    from retrieval.search import load
+
+    model = tiny_model(tiny_data, tmp_path / "model")
+    marker = tmp_path / "marker"
+    uri = plant(store, "dssm-tiny", marker, {"checkpoint": str(model / "last.pt")})
+    # the payload works: MLflow's own loader runs it
+    with pytest.raises(Exception):  # noqa: B017 (the payload returns None where MLflow wants a model)
+        mlflow.pyfunc.load_model(uri)
+    assert marker.read_text() == "code from python_model.pkl ran"
+    marker.unlink()
+
+    # evaluate (and the gate, which scores the champion with the same loader)
+    system = load_trained("models:/dssm-tiny@champion")
+    assert system.name == "lstm" and system.tags["train_run_id"]
+    assert len(system.scorer.score(["steel drill"], ["steel drill kit"])) == 1
+    # the index stage: the titles embedded on Spark from the model's files
+    titles = tmp_path / "titles.csv"
+    titles.write_text("title\nsteel drill kit\nwhite lamp\ncordless drill\n")
+    built = index(spark, "models:/dssm-tiny@champion", titles, tmp_path / "index", store, register=False)
+    assert built["counts"]["titles"] == 3
+    # finding 4: a same-size corruption is not up to date (a size check passed it; dssm search refused it)
+    # and an earlier run's damaged index is no input of this run's mining (it failed every night there)
+    from flows.stages import StageOutput
+    from retrieval.retriever import INDEX_FILE, Retriever
+
+    faiss_file = tmp_path / "index" / INDEX_FILE
+    damaged = bytearray(faiss_file.read_bytes())
+    damaged[-1] ^= 0xFF
+    faiss_file.write_bytes(bytes(damaged))
+    assert StageOutput.left_by_earlier_run("index", tmp_path / "index") is None
+    rebuilt = index(spark, "models:/dssm-tiny@champion", titles, tmp_path / "index", store, register=False)
+    assert not rebuilt["skipped"] and Retriever.load(tmp_path / "index").index.ntotal == 3
+    assert StageOutput.left_by_earlier_run("index", tmp_path / "index") is not None
+    # `dssm search --model` of a planted retriever over that index
+    retriever = plant(store, "dssm-tiny-retriever", marker, {"index": str(tmp_path / "index")})
+    args = argparse.Namespace(model=retriever, mlflow_uri=store, workdir=str(tmp_path), index=None, ef_search=None)
+    hits = load(args).search(["steel drill"], 2)[0]
+    assert len(hits) == 2 and hits[0].title in {"steel drill kit", "cordless drill"}
+    assert not marker.exists()
+
+
+def test_a_champion_that_is_no_dssm_model_is_replaced_by_the_gate_with_a_warning(tmp_path, store, caplog):
+    from evaluation.registry import champion_gate
+    from evaluation.systems import load_trained
+
+    marker = tmp_path / "marker"
+    (tmp_path / "notes.txt").write_text("not a model")
+    planted = plant(store, "dssm-tiny", marker, {"notes": str(tmp_path / "notes.txt")})
+    with pytest.raises(NotADssmModel, match="not a dssm two-tower model"):
+        load_trained(planted)
+    # a new version goes through the gate: the champion cannot be scored, so it is replaced
+    client = mlflow.MlflowClient(store)
+    new = client.create_model_version("dssm-tiny", str(tmp_path)).version
+    caplog.set_level(logging.WARNING)
+    decision = champion_gate(client, "dssm-tiny", new, 0.5, "key", lambda u: load_trained(u) and 1.0, "lstm")
+    assert decision.promoted and decision.reason.startswith("champion v1 cannot be scored (")
+    assert client.get_model_version_by_alias("dssm-tiny", "champion").version == new
+    assert any("v1 cannot be scored" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert not marker.exists()
