@@ -128,6 +128,11 @@ def logged_files(uri: str) -> tuple[dict[str, Path], str]:
         local = Path(mlflow.artifacts.download_artifacts(uri))
     except Exception as e:  # MLflow raises several types for a bad URI or a missing model
         raise DssmError(f"{uri}: cannot download the MLflow model ({type(e).__name__}: {e})") from None
+    if not (local / "MLmodel").is_file():  # a directory registered by hand: its files by their names
+        named = {"model.pt": "checkpoint", "fusion.json": "fusion"}
+        found = {p.name: p for p in sorted(local.rglob("*")) if p.is_file()}
+        files = {named[n]: p for n, p in found.items() if n in named}
+        return files | {p.stem: p for n, p in found.items() if re.fullmatch(r"component-\d+\.pt", n)}, ""
     try:
         spec = yaml.safe_load((local / "MLmodel").read_text()) or {}
         artifacts = spec["flavors"]["python_function"].get("artifacts") or {}
@@ -163,7 +168,7 @@ def model_dir_files(model_dir: Path) -> dict[str, Path]:
 def copy_model_files(files: dict[str, Path], dest: Path, source: str) -> None:
     """A logged model's files (logged_files) into `dest` under the names model_dir_files reads."""
     if "checkpoint" not in files:
-        raise NotADssmModel(f"{source}: not a dssm two-tower model (no checkpoint among its artifacts)")
+        raise NotADssmModel(f"{source}: not a dssm two-tower model (no model.pt among its artifacts)")
     dest.mkdir()
     names = {"checkpoint": "model.pt", "fusion": "fusion.json"}
     for name, path in files.items():
