@@ -47,10 +47,6 @@ def signal_of(error: BaseException) -> int:
     return int(getattr(error, "signum", None) or getattr(error, "signal", None) or signal.SIGINT)
 
 
-def requested() -> bool:
-    return _requested.is_set()
-
-
 def begin(signum: int, grace: float = GRACE_SECONDS) -> None:
     """A stop has begun (once per process): the watchdog that ends the process `grace` seconds from now
     if it is still running. Called by our handler, and where Prefect's own handler took the signal (a
@@ -87,26 +83,21 @@ def _deadline(signum: int, grace: float) -> None:
     # not through logging: the main thread may hold a handler's lock where it is stuck
     with contextlib.suppress(OSError):
         os.write(2, f"dssm: still running {grace:.0f} s after {signal.Signals(signum).name}: exiting now\n".encode())
-    end_children()
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        end_processes(psutil.Process().children(recursive=True))
     os._exit(128 + signum)
 
 
-def end_children(wait: float = 3.0) -> None:
-    """Terminate this process's descendants; kill those left after `wait` seconds."""
+def end_processes(processes: list, wait: float = 3.0) -> None:
+    """Terminate `processes` (psutil.Process); kill those left after `wait` seconds."""
     import psutil
 
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=wait)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=wait)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import dssm
 from core.errors import DssmError
-from core.stopping import Stopped, is_stop, signal_of, signals_stop
+from core.stopping import is_stop, signal_of, signals_stop
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # ^C, SIGTERM (core/stopping.py; Prefect's TerminationSignal in a flow run)
         if not is_stop(e):
             raise
-        why = str(e) if isinstance(e, Stopped) else f"stopped by {signal.Signals(signal_of(e)).name}"
+        why = f"stopped by {signal.Signals(signal_of(e)).name}"
         print(f"dssm {args.command}: {why}; finished outputs are kept, partial ones discarded", file=sys.stderr)
         return 128 + signal_of(e)
     return 0

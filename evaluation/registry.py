@@ -129,10 +129,8 @@ def logged_files(uri: str) -> tuple[dict[str, Path], str]:
     except Exception as e:  # MLflow raises several types for a bad URI or a missing model
         raise DssmError(f"{uri}: cannot download the MLflow model ({type(e).__name__}: {e})") from None
     if not (local / "MLmodel").is_file():  # a directory registered by hand: its files by their names
-        named = {"model.pt": "checkpoint", "fusion.json": "fusion"}
-        found = {p.name: p for p in sorted(local.rglob("*")) if p.is_file()}
-        files = {named[n]: p for n, p in found.items() if n in named}
-        return files | {p.stem: p for n, p in found.items() if re.fullmatch(r"component-\d+\.pt", n)}, ""
+        root = next((p.parent for p in sorted(local.rglob(MODEL_FILES["checkpoint"]))), local)
+        return {name: path for name, path in model_dir_files(root).items() if path.is_file()}, ""
     try:
         spec = yaml.safe_load((local / "MLmodel").read_text()) or {}
         artifacts = spec["flavors"]["python_function"].get("artifacts") or {}
@@ -158,22 +156,28 @@ def model_from_files(files: dict[str, Path], source: str) -> TwoTowerModel:
     return model
 
 
+MODEL_FILES = {"checkpoint": "model.pt", "fusion": "fusion.json"}  # artifact -> file name in a model directory
+
+
 def model_dir_files(model_dir: Path) -> dict[str, Path]:
     """A model directory as `dssm index` copies one (model.pt, fusion.json, component-I.pt) as the
     artifacts its pyfunc model was logged with."""
-    files = {"checkpoint": model_dir / "model.pt"} | {p.stem: p for p in sorted(model_dir.glob("component-*.pt"))}
-    return files | ({"fusion": model_dir / "fusion.json"} if (model_dir / "fusion.json").is_file() else {})
+    files = {"checkpoint": model_dir / MODEL_FILES["checkpoint"]}
+    files |= {p.stem: p for p in sorted(model_dir.glob("component-*.pt"))}
+    fusion = model_dir / MODEL_FILES["fusion"]
+    return files | ({"fusion": fusion} if fusion.is_file() else {})
 
 
-def copy_model_files(files: dict[str, Path], dest: Path, source: str) -> None:
-    """A logged model's files (logged_files) into `dest` under the names model_dir_files reads."""
+def copy_logged_model(uri: str, dest: Path) -> None:
+    """A logged model's files (logged_files, never its pickle) into `dest` under the names
+    model_dir_files reads, so a directory (an index, a warm start) holds the model on its own."""
+    files, _ = logged_files(uri)
     if "checkpoint" not in files:
-        raise NotADssmModel(f"{source}: not a dssm two-tower model (no model.pt among its artifacts)")
+        raise NotADssmModel(f"{uri}: not a dssm two-tower model (no model.pt among its artifacts)")
     dest.mkdir()
-    names = {"checkpoint": "model.pt", "fusion": "fusion.json"}
     for name, path in files.items():
-        if name in names or re.fullmatch(r"component-\d+", name):
-            shutil.copy2(path, dest / names.get(name, f"{name}.pt"))
+        if name in MODEL_FILES or re.fullmatch(r"component-\d+", name):
+            shutil.copy2(path, dest / MODEL_FILES.get(name, f"{name}.pt"))
 
 
 def load_logged_model(uri: str) -> tuple[TwoTowerModel, str]:

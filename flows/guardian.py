@@ -17,6 +17,8 @@ import time
 
 import psutil
 
+from core.stopping import end_processes
+
 POLL_SECONDS = 1.0
 GRACE_SECONDS = 5.0
 
@@ -58,17 +60,7 @@ def watch(pid: int) -> list[int]:
             break
         time.sleep(POLL_SECONDS)
     left = [p for p in known.values() if p.is_running()]  # is_running compares create times: no reused pid
-    for process in left:
-        try:
-            process.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(left, timeout=GRACE_SECONDS)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+    end_processes(left, GRACE_SECONDS)
     return [p.pid for p in left]
 
 

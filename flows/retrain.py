@@ -102,9 +102,10 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)
             return summary
         except BaseException as e:
-            status = "KILLED" if is_stop(e) else "FAILED"
-            if is_stop(e):  # Prefect's handler took the signal while the flow ran: the watchdog starts here
+            stopped = is_stop(e)
+            if stopped:  # Prefect's handler took the signal while the flow ran: the watchdog starts here
                 begin(signal_of(e))
+            status = "KILLED" if stopped else "FAILED"
             try:  # the flow's own error is the one to report, not a second one on the way out
                 close_parent(ctx.mlflow_uri, parent, status)
             except Exception as closing:

@@ -83,15 +83,16 @@ def _champion_state(name: str, version: str, mlflow_uri: str, checkpoint: Path) 
     """(the champion's checkpoint state, "") downloaded into `checkpoint`'s directory, or (None, what
     is wrong) when the registered version is no dssm checkpoint: anyone who reaches the MLflow server
     can register one, and it must not stop every night's training."""
+    from evaluation.registry import copy_logged_model
     from modeling.checkpoint import read_checkpoint
-    from retrieval.index import copy_model_files, resolve_model
+    from retrieval.index import resolve_model
 
     try:
         if not checkpoint.is_file():
             shutil.rmtree(checkpoint.parent, ignore_errors=True)  # a download cut short
             # the first windowed night may already find a champion (of a run without a window)
             checkpoint.parent.parent.mkdir(parents=True, exist_ok=True)
-            copy_model_files(resolve_model(f"models:/{name}/{version}", mlflow_uri), checkpoint.parent)
+            copy_logged_model(resolve_model(f"models:/{name}/{version}", mlflow_uri).uri, checkpoint.parent)
         return read_checkpoint(checkpoint), ""
     except DssmError as e:  # no model.pt among its artifacts, refused by the safe loader, not a checkpoint
         return None, str(e)

@@ -177,16 +177,6 @@ def read_vectors(embeddings: Path, column_name: str = "embedding"):
     return np.concatenate(blocks).astype(np.float32, copy=False)
 
 
-def copy_model_files(model: ModelRef, dest: Path) -> None:
-    """The model's checkpoint (and a hybrid's fusion.json and partners' checkpoints) into dest, so the
-    index serves on its own: the artifacts its MLmodel file names, never its pickle."""
-    from evaluation.registry import copy_model_files as copy_logged
-    from evaluation.registry import logged_files
-
-    files, _ = logged_files(model.uri)
-    copy_logged(files, dest, model.uri)
-
-
 def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
     """`embedder(component)`: a pandas UDF that embeds a title column with the model files in
     `model_dir` ("" for the model's own tower, else a hybrid's dense component). The directory reaches
@@ -252,6 +242,7 @@ def index(
     skipped when the model version, the titles and the settings are those of the index already there."""
     from pyspark.sql import functions as F
 
+    from evaluation.registry import copy_logged_model
     from jobs.spark import cluster_errors, stable_layout, write_parquet
 
     check_config(cfg)
@@ -266,7 +257,7 @@ def index(
 
     def build(tmp: Path) -> dict[str, Any]:
         started = time.perf_counter()
-        copy_model_files(model, tmp / "model")
+        copy_logged_model(model.uri, tmp / "model")  # the index serves on its own
         partners = dense_partners(tmp / "model")
 
         df = catalogue_titles(spark, titles)
