@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from evaluation.protocol import ndcg, paired_test, pairs_in_order
+from scoring.protocol import ndcg, paired_test, pairs_in_order
 
 ROOT = Path(__file__).resolve().parent
 SHARED_DATA = ROOT.parent / "shared" / "data"  # the real data sets, beside the repository (README, "Data")
@@ -108,7 +108,7 @@ def per_query_ndcg(report: Path, system: str, k: int) -> dict[str, float]:
 
 
 def per_query_pairs_in_order(report: Path, system: str) -> dict[str, float]:
-    """`evaluation.protocol.pairs_in_order` of each query with more than one label, from the TREC files."""
+    """`scoring.protocol.pairs_in_order` of each query with more than one label, from the TREC files."""
     qrels = read_qrels(report)
     shares = {}
     for q, docs in read_run(report, system).items():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.lstm import KeywordRule, keyword_counts, top_cells, trace_text
-from evaluation.neural import TwoTowerEmbedder
+from scoring.neural import TwoTowerEmbedder
 
 
 @dataclass

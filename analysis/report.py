@@ -22,7 +22,7 @@ from analysis.sections import pair_section, probe_section, test_section
 from core.artifacts import code_fingerprint, publish, sha256_file
 from core.errors import DssmError
 from core.judgments import JudgedSet
-from evaluation.neural import TwoTowerEmbedder
+from scoring.neural import TwoTowerEmbedder
 
 log = logging.getLogger(__name__)
 REPORT = "analysis.md"
@@ -146,7 +146,7 @@ def _test_queries(cfg: AnalyzeConfig) -> list[tuple[str, str]]:
     """(query, its best-graded title) of every test query of the judged set (PROTOCOL.md split), by qid."""
     if not cfg.judgments:
         return []
-    from evaluation.protocol import load_eval_set
+    from scoring.protocol import load_eval_set
 
     eval_set = load_eval_set(cfg.judgments)
     return [(q.query, q.titles[int(q.labels.argmax())]) for q in sorted(eval_set.queries, key=lambda q: q.qid)]

@@ -10,7 +10,7 @@ from typing import Any
 from analysis.compare import read_pair
 from analysis.lstm import KeywordRule, keyword_counts, keywords, plot_internals, plot_top_cells, top_cells, trace_texts
 from analysis.topics import TopicTable, input_gate_by_word, keyword_rate, topic_table
-from evaluation.neural import TwoTowerEmbedder
+from scoring.neural import TwoTowerEmbedder
 
 
 def _row(label: str, values: list[Any]) -> str:
@@ -110,7 +110,7 @@ def topic_markdown(table: TopicTable) -> list[str]:
 def probe_section(texts: list[str], probes: list[str]) -> tuple[list[str], dict[str, Any]]:
     """Appendix F: doc2vec trained as the baseline is (on every query and title), and its nearest
     words to each probe word."""
-    from evaluation.neural import Doc2VecEmbedder
+    from scoring.neural import Doc2VecEmbedder
 
     wv = Doc2VecEmbedder(texts).model.wv
     md = ["## doc2vec sanity check (appendix F): nearest words", "", "| probe | nearest words (cosine) |", "|---|---|"]

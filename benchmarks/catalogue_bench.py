@@ -4,7 +4,7 @@
         --dev bench-work/hd/negatives --synthetic 1000000
 
 Home Depot's test queries (PROTOCOL.md §3-4) each retrieve from every distinct title of the judged
-file; judged labels are the gains and unjudged titles count as not relevant (retrieval/quality.py).
+file; judged labels are the gains and unjudged titles count as not relevant (scoring/quality.py).
 Systems: the model through an exact (flat) and an HNSW faiss index, BM25 (bm25s), and the hybrid
 (cos + w·BM25, w fit on the dev queries of --dev as `dssm evaluate` does) re-scoring the model's top
 100, or the union of the model's and BM25's top 100 (what `dssm search` does). Latency is one query
@@ -27,11 +27,12 @@ import numpy as np
 
 from core.judgments import JudgedSetSpec, resolve_judged_set
 from core.text import norm
-from evaluation.protocol import build_eval_set, paired_test, relevant_threshold
-from retrieval.bm25 import CatalogueBM25
-from retrieval.index import IndexConfig, build_faiss
-from retrieval.quality import DEPTH, catalogue_metrics
-from retrieval.retriever import Retriever, unit_rows
+from retrieval.config import IndexConfig
+from retrieval.index import build_faiss
+from scoring.bm25 import CatalogueBM25
+from scoring.protocol import build_eval_set, paired_test, relevant_threshold
+from scoring.quality import DEPTH, catalogue_metrics
+from scoring.retriever import Retriever, unit_rows
 from scripts_common import HOME_DEPOT, ROOT
 
 
@@ -89,9 +90,9 @@ def main() -> None:
         sys.exit(f"{args.judgments} is absent: this benchmark needs ../shared/data")
 
     from evaluation.evaluate import dev_queries
-    from evaluation.hybrid import fit_weights
-    from evaluation.lexical import BM25, Collection
-    from evaluation.neural import TwoTowerEmbedder
+    from scoring.hybrid import fit_weights
+    from scoring.lexical import BM25, Collection
+    from scoring.neural import TwoTowerEmbedder
 
     judged = resolve_judged_set(args.judgments, JudgedSetSpec(encoding=args.encoding))
     pairs = judged.pairs()

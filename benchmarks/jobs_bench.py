@@ -11,7 +11,7 @@ sampled every 0.2 s. Results are printed as a Markdown table and written as JSON
 lines carry doc ids with the titles in a catalogue side table (docs/raw-log-format.md).
 `parquet` and `parquet-results` clean the v2 log's Parquet twin instead (docs/raw-log-format.md,
 "Parquet tables": impression rows, or result rows; a UTC timestamp column), written by
-`jobs.parquetlog.write_twin` after simulate, not timed.
+`jobs.clean.parquetlog.write_twin` after simulate, not timed.
 --no-impressions measures clean without its impressions/ output.
 """
 
@@ -75,7 +75,7 @@ def main() -> None:
             if stage not in args.stages:
                 continue
             if stage == "clean" and log_format.startswith("parquet") and not logs.exists():
-                from jobs.parquetlog import write_twin
+                from jobs.clean.parquetlog import write_twin
 
                 shape = "result_rows" if log_format == "parquet-results" else "impression_rows"
                 write_twin(Layout(work).simulate / "logs", logs, shape)

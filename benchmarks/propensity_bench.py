@@ -38,10 +38,11 @@ def main() -> None:
     args = parser.parse_args()
     # imported once the arguments are read: --help answers without starting Spark's libraries
     from core.judgments import JudgedSetSpec, resolve_judged_set
-    from jobs.catalogue import DEFAULT_CATALOGUE
-    from jobs.clean import clean
-    from jobs.propensity import propensity, read_curve
-    from jobs.simulate import ClickModel, SimulationConfig, simulate
+    from jobs.clean.job import clean
+    from jobs.propensity.job import propensity, read_curve
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate.config import ClickModel, SimulationConfig
+    from jobs.simulate.job import simulate
     from jobs.spark import get_spark
 
     judged = resolve_judged_set(args.judgments, JudgedSetSpec(), DEFAULT_CATALOGUE)

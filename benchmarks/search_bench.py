@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: s
 
 from benchmarks.catalogue_bench import latencies, peak_rss_mb
 from core.judgments import JudgedSetSpec, resolve_judged_set
-from evaluation.protocol import build_eval_set
-from retrieval.retriever import Retriever
+from scoring.protocol import build_eval_set
+from scoring.retriever import Retriever
 from scripts_common import HOME_DEPOT
 
 

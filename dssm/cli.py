@@ -31,26 +31,26 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "simulate": Command(
-        "jobs.simulate",
+        "jobs.simulate.job",
         "simulate raw click logs from a judged set",
         "Write raw impression logs (docs/raw-log-format.md) for the train queries of a judged set and its held-out "
         "test pairs as Parquet (PROTOCOL.md split).",
     ),
     "clean": Command(
-        "jobs.clean",
+        "jobs.clean.job",
         "raw logs -> clicked pairs, title pool, impressions, rejects (Spark)",
         "Parse and validate raw logs (JSON lines, or a Parquet table of impression rows or result rows; "
         "docs/raw-log-format.md), quarantine malformed lines with a reason, drop duplicates, empty queries and "
         "bots, count clicks per (query, title), and keep each impression's shown titles, clicks and dwell.",
     ),
     "propensity": Command(
-        "jobs.propensity",
+        "jobs.propensity.job",
         "estimate position bias (examination per rank) from the impressions (Spark + EM)",
         "Estimate the examination probability of each rank from a `dssm clean` output's impressions/, by EM under "
         "the position-based model, relative to rank 1; writes propensity.json and a plot. See docs/training.md.",
     ),
     "paraphrase": Command(
-        "jobs.paraphrase",
+        "jobs.paraphrase.job",
         "sentence pairs (paraphrases) -> the layout of a clean output, for vocab/negatives (Spark)",
         "Read a file of sentence pairs (Wiki-Auto, SICK or STS-B train, any TSV of paraphrases), normalise both "
         "sentences, quarantine unusable lines with a reason and write them as clicked pairs (query = sentence 1, "
@@ -58,18 +58,18 @@ COMMANDS: dict[str, Command] = {
         "`dssm train --objective paraphrase`. See docs/paraphrase.md.",
     ),
     "vocab": Command(
-        "jobs.vocab",
+        "jobs.vocab.job",
         "letter-trigram and word vocabularies (Spark)",
         "Build the letter-trigram vocabulary (word hashing) and a word vocabulary from a `dssm clean` output.",
     ),
     "negatives": Command(
-        "jobs.negatives",
+        "jobs.negatives.job",
         "sample negative titles per clicked pair (Spark)",
         "For each clicked pair draw n negative titles from the title pool, never one clicked for the same query, "
         "and split queries into train and validation.",
     ),
     "mine": Command(
-        "jobs.mine",
+        "jobs.mine.job",
         "hard negatives from an earlier model's index (or BM25) in place of some sampled ones",
         "Replace a share (--hard) of each train row's sampled negatives with titles an earlier model's `dssm index` "
         "output (or BM25 over the title pool) ranks between --min-rank and --max-rank for the row's query, never a "
@@ -77,7 +77,7 @@ COMMANDS: dict[str, Command] = {
         "`dssm negatives` output for `dssm train`. See docs/retrieval.md.",
     ),
     "teacher": Command(
-        "retrieval.teacher",
+        "jobs.teacher.job",
         "teacher lists of hard candidates per train query, to distil into the student (loss.listwise)",
         "For each train query take the top --depth titles of each source ranker (BM25, MiniLM, an earlier model's "
         "index) and the titles clicked for it, score the list with the teacher (a z-score fusion of bm25, minilm, "
@@ -131,7 +131,7 @@ COMMANDS: dict[str, Command] = {
         "See docs/analysis.md.",
     ),
     "run": Command(
-        "flows.retrain",
+        "flows.run_command",
         "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, mine, train, evaluate, index, "
         "analyze",
         "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags given"

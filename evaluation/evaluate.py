@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.errors import DssmError
@@ -18,16 +18,16 @@ from core.judgments import JudgedSet
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags, use_store
-from evaluation.hybrid import HybridScorer, fit_weights
-from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
-from evaluation.protocol import relevant_threshold as default_threshold
+from evaluation.config import GateMetric
 from evaluation.report import write_report
 from evaluation.retrieval import Catalogue, embedding, evaluate_retrieval, fit_fusion
 from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
-from retrieval.quality import METRICS as RETRIEVAL_METRICS
+from scoring.hybrid import HybridScorer, fit_weights
+from scoring.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores
+from scoring.protocol import relevant_threshold as default_threshold
+from scoring.quality import METRICS as RETRIEVAL_METRICS
 
 log = logging.getLogger(__name__)
-GateMetric = Literal["ndcg@10", "retrieval_ndcg@10"]
 
 
 @dataclass
@@ -184,7 +184,7 @@ def hybrids(
     params: BaselineParams,
     catalogue: Catalogue | None = None,
 ) -> list[System]:
-    """Each fusion of `specs` (evaluation/hybrid.py): "MODEL+..." once per trained model, a spec
+    """Each fusion of `specs` (scoring/hybrid.py): "MODEL+..." once per trained model, a spec
     without MODEL once; the re-ranking weights fit on the validation queries of `negatives`, and with a
     `catalogue` also the retrieval fusion (evaluation/retrieval.py), fit on the same queries. A
     partner named bm25 or minilm is that baseline (built here when `baselines` lacks it and appended
@@ -361,7 +361,8 @@ def _finish_runs(
     gate_catalogue = catalogue if cfg.gate_metric.startswith("retrieval_") else None
     import mlflow
 
-    from evaluation.registry import champion_gate, log_model, plot_gate_history, registered_name
+    from evaluation.gate import champion_gate, plot_gate_history
+    from scoring.serving import log_model, registered_name
 
     use_store(uri)
     client = mlflow_client(uri)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.protocol import CUTOFFS, EvalSet, SystemResult, confidence_halfwidth, paired_test
+from scoring.protocol import CUTOFFS, EvalSet, SystemResult, confidence_halfwidth, paired_test
 
 REFERENCE = "bm25"  # PROTOCOL.md §5: significance against BM25
 ALPHA = 0.05

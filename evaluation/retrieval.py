@@ -1,9 +1,9 @@
 """Full-catalogue retrieval in `dssm evaluate` (PROTOCOL.md §8): every system that can rank a
 catalogue ranks all the judged file's distinct titles for each query, beside the re-ranking table.
 
-BM25 ranks with bm25s (retrieval/bm25.py); a two-tower model and MiniLM with exact inner product of
+BM25 ranks with bm25s (scoring/bm25.py); a two-tower model and MiniLM with exact inner product of
 unit vectors; a hybrid (e.g. lstm+bm25, lstm+bm25+minilm) fuses its components' candidates with the
-`RetrievalFusion` chosen here on the dev queries over the same catalogue (retrieval/fusion.py), which
+`RetrievalFusion` chosen here on the dev queries over the same catalogue (scoring/fusion.py), which
 its MLflow model and `dssm search` then serve. ULM and PLSA score pairs only, and doc2vec would
 infer a vector per catalogue title (minutes for 53k): they are left out.
 """
@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 
 from core.text import norm
-from evaluation.protocol import EvalSet, paired_test
-from evaluation.systems import Scorer, System
-from retrieval.bm25 import CatalogueBM25, matching
-from retrieval.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
-from retrieval.quality import DEPTH, METRICS, catalogue_metrics, judged_labels, ndcg10
-from retrieval.retriever import unit_rows
+from evaluation.systems import System
+from scoring.bm25 import CatalogueBM25, matching
+from scoring.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
+from scoring.hybrid import Scorer
+from scoring.protocol import EvalSet, paired_test
+from scoring.quality import DEPTH, METRICS, catalogue_metrics, judged_labels, ndcg10
+from scoring.retriever import unit_rows
 
 log = logging.getLogger(__name__)
 REFERENCE = "bm25"
@@ -31,7 +32,7 @@ METHODS = ("zscore", "rrf")
 
 
 def fusion_grid(components: int) -> list[RetrievalFusion]:
-    """The dev grid of a hybrid's retrieval fusion: each method, depth and weighting (retrieval/fusion.py's
+    """The dev grid of a hybrid's retrieval fusion: each method, depth and weighting (scoring/fusion.py's
     simplex, nearest to equal weights first); ties go to the earlier entry."""
     return [
         RetrievalFusion(method, depth, weights)
@@ -61,7 +62,7 @@ class Catalogue:
 
 def embedding(scorer: Scorer) -> Any | None:
     """`embed(texts, tower)` of a dense scorer (a two-tower model, MiniLM), or None for pair scorers."""
-    from evaluation.neural import MiniLMEmbedder, TwoTowerEmbedder
+    from scoring.neural import MiniLMEmbedder, TwoTowerEmbedder
 
     # doc2vec would infer a vector per catalogue title (minutes for 53k): not a catalogue ranker
     return scorer.embed if isinstance(scorer, MiniLMEmbedder | TwoTowerEmbedder) else None
@@ -126,7 +127,7 @@ def fused(
     out_depth: int,
     rescore_weights: tuple[float, ...] = (),
 ) -> list[np.ndarray]:
-    """The fusion's top `out_depth` title ids per query (retrieval/fusion.py's `fuse_query`, as
+    """The fusion's top `out_depth` title ids per query (scoring/fusion.py's `fuse_query`, as
     `dssm search` ranks)."""
     found = Candidates(catalogue, scorers, queries, fusion.depth)
     out = []
@@ -175,7 +176,7 @@ def fit_fusion(
 
 
 def _rank_rows(scores: np.ndarray) -> np.ndarray:
-    """Per row, 1 for the highest score; ties by candidate order (retrieval/fusion.py's ranks)."""
+    """Per row, 1 for the highest score; ties by candidate order (scoring/fusion.py's ranks)."""
     order = np.argsort(-scores, axis=1, kind="stable")
     ranks = np.empty_like(scores)
     np.put_along_axis(ranks, order, np.arange(1, scores.shape[1] + 1, dtype=np.float64)[None, :], axis=1)

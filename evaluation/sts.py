@@ -22,7 +22,7 @@ from core.errors import DssmError
 from core.sentence_pairs import read_pairs, sentence_norm
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets
-from evaluation.neural import cosine_scores
+from scoring.neural import cosine_scores
 
 log = logging.getLogger(__name__)
 SUITES = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK")
@@ -123,7 +123,7 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
     for baseline in cfg.baselines:
         if baseline != "minilm":
             raise DssmError(f"unknown STS baseline {baseline!r}; choose minilm")
-        from evaluation.neural import MiniLMEmbedder
+        from scoring.neural import MiniLMEmbedder
 
         systems.append(("minilm", MiniLMEmbedder().embed, {"kind": "baseline"}))
     if not systems:

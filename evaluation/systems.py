@@ -11,22 +11,17 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from core.artifacts import sha256_file
 from core.errors import DssmError
 from core.judgments import JudgedPair
-from evaluation import lexical, neural
+from scoring import lexical, neural
+from scoring.hybrid import Scorer
 
 log = logging.getLogger(__name__)
 
 BASELINES = ("bm25", "doc2vec", "ulm", "plsa", "minilm")
-
-
-class Scorer(Protocol):
-    def score(self, queries: list[str], titles: list[str]) -> np.ndarray: ...
 
 
 @dataclass
@@ -109,7 +104,7 @@ def load_trained(spec: str) -> System:
 
 
 def _from_mlflow(uri: str) -> System:
-    from evaluation.registry import load_logged_model
+    from scoring.serving import load_logged_model
 
     try:
         inner, run_id = load_logged_model(uri)

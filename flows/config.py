@@ -19,16 +19,16 @@ from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
-from evaluation.evaluate import GateMetric
-from jobs.clean import CleanConfig
-from jobs.mine import MineConfig
-from jobs.negatives import NegativesConfig
-from jobs.propensity import PropensityConfig
-from jobs.simulate import SimulationConfig
-from jobs.vocab import VocabConfig
+from evaluation.config import GateMetric
+from jobs.clean.config import CleanConfig
+from jobs.mine.config import MineConfig
+from jobs.negatives.config import NegativesConfig
+from jobs.propensity.config import PropensityConfig
+from jobs.simulate.config import SimulationConfig
+from jobs.teacher.config import TeacherConfig
+from jobs.vocab.config import VocabConfig
 from modeling.config import TrainConfig
-from retrieval.index import IndexConfig
-from retrieval.teacher import TeacherConfig
+from retrieval.config import IndexConfig
 
 
 @dataclass
@@ -111,7 +111,7 @@ class RunConfig:
         """The dates a windowed run reads, oldest first; empty when the run is not windowed."""
         from datetime import datetime
 
-        from jobs.window import window_dates
+        from jobs.clean.window import window_dates
 
         if not self.window_days:
             return []
@@ -271,10 +271,10 @@ def validate(cfg: RunConfig) -> None:
     from evaluation.evaluate import check_fusions
 
     check_fusions(cfg.evaluate.fusions)
-    from retrieval.index import check_config
+    from retrieval.config import check_config
 
     check_config(cfg.index)
-    from retrieval.teacher import check_config as check_teacher
+    from jobs.teacher.config import check_config as check_teacher
 
     check_teacher(cfg.teacher)
     if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():

@@ -6,8 +6,9 @@ order, and tests/test_pipeline.py holds docs/architecture.md's stage table to it
 the outputs of stages before it by name, and with `Earlier(NAME)` what stage NAME left in the work
 dir from an earlier run (e.g. last night's index, before this run's index stage rebuilds it).
 
-Adding a stage: a function in flows/stages.py (or its own module), one entry here, one `Layout`
-name for its output, one row in docs/architecture.md.
+Adding a stage: its package's `stage` module with `run(ctx, **reads) -> StageOutput` (beside its
+config and job), one entry here, one `Layout` name for its output, one row in docs/architecture.md
+(the walk-through: docs/architecture.md#adding-a-stage).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flows import stages
-from flows.stages import RunContext, StageOutput
+from core.stage import RunContext, StageOutput
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,9 @@ def _always(ctx: RunContext) -> bool:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Callable[..., StageOutput | None]  # run(ctx, [item,] **reads); None: nothing to do this time
+    # the module whose `run(ctx, [item,] **reads)` it is (imported when the stage runs), or that function;
+    # run returns None when there is nothing to do this time
+    code: str | Callable[..., StageOutput | None]
     doc: str  # one line: what it makes (dssm run --help)
     section: str = ""  # the run config section that configures it (shown in --help)
     reads: tuple[str | Earlier, ...] = ()  # earlier stages' outputs, passed by name
@@ -48,6 +50,13 @@ class Stage:
     warn_unless: bool = False  # not running is worth a warning (an input is missing), not a choice
     each: Callable[[RunContext], list[str]] | None = None  # one task per item (train: per encoder)
     retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
+
+    def run(self) -> Callable[..., StageOutput | None]:
+        if callable(self.code):
+            return self.code
+        import importlib
+
+        return importlib.import_module(self.code).run
 
     def arg_names(self) -> list[str]:
         return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
@@ -61,7 +70,7 @@ def evaluates(ctx: RunContext) -> bool:
 PIPELINE: tuple[Stage, ...] = (
     Stage(
         "simulate",
-        stages.simulate_stage,
+        "jobs.simulate.stage",
         "click logs simulated from the judged set's train queries (windowed runs: the run date's partition)",
         section="simulate",
         when=lambda ctx: not ctx.cfg.logs,
@@ -69,7 +78,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "clean",
-        stages.clean_stage,
+        "jobs.clean.stage",
         "raw logs parsed and validated: clicked pairs, title pool, impressions, rejects",
         section="clean",
         reads=("simulate",),
@@ -77,7 +86,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "propensity",
-        stages.propensity_stage,
+        "jobs.propensity.stage",
         "the examination probability of each rank (position bias), by EM",
         section="propensity",
         reads=("clean",),
@@ -85,7 +94,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "vocab",
-        stages.vocab_stage,
+        "jobs.vocab.stage",
         "letter-trigram and word vocabularies",
         section="vocab",
         reads=("clean",),
@@ -93,7 +102,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "negatives",
-        stages.negatives_stage,
+        "jobs.negatives.stage",
         "training rows: clicked pairs with sampled negatives, train/validation split by query",
         section="negatives",
         reads=("clean", "propensity"),
@@ -101,7 +110,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "mine",
-        stages.mine_stage,
+        "jobs.mine.stage",
         "hard negatives from the last champion's index (BM25 on a first run) in place of some sampled ones",
         section="mine",
         reads=("negatives", "clean", Earlier("index")),
@@ -110,7 +119,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "teacher",
-        stages.teacher_stage,
+        "jobs.teacher.stage",
         "lists of hard candidates per train query scored by a teacher (BM25, MiniLM, the last index), to distil",
         section="teacher",
         reads=("negatives", "clean", "mine", Earlier("index")),
@@ -119,7 +128,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "train",
-        stages.train_stage,
+        "flows.train_stage",
         "one model per encoder of train.models (torchrun with train.nproc processes)",
         section="train",
         reads=("negatives", "vocab", "mine", "teacher"),
@@ -127,7 +136,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "evaluate",
-        stages.evaluate_stage,
+        "evaluation.stage",
         "NDCG against the baselines on the test queries, MLflow runs, registry, champion gate",
         section="evaluate",
         reads=("train", "negatives"),
@@ -138,7 +147,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "index",
-        stages.index_stage,
+        "retrieval.stage",
         "the champion's ANN index over the catalogue, for dssm search",
         section="index",
         reads=("clean",),
@@ -148,7 +157,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "analyze",
-        stages.analyze_stage,
+        "analysis.stage",
         "what the trained LSTM-RNN reads (Palangi et al. section V-A)",
         reads=("train",),
         when=lambda ctx: evaluates(ctx) and ctx.cfg.analyze,
@@ -202,7 +211,7 @@ def walk(
             outputs[stage.name] = [] if stage.each else None
             continue
         reads = {name: _read(read, outputs, ctx) for name, read in zip(stage.arg_names(), stage.reads, strict=True)}
-        as_task = task(stage.run, name=stage.name, **task_options(stage))
+        as_task = task(stage.run(), name=stage.name, **task_options(stage))
         if stage.each:
             outputs[stage.name] = []
             for item in stage.each(ctx):

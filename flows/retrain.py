@@ -15,7 +15,6 @@ Importing this module runs flows/__init__.py first, which sets Prefect defaults 
 # No `from __future__ import annotations`: Prefect validates the flow's `config: RunConfig` parameter
 # with pydantic from the real annotation (a string would not resolve when a deployment loads the flow).
 import json
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,30 +24,50 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from core.errors import DssmError
 from core.judgments import resolve_judged_set
 from core.layout import Layout
+from core.stage import RunContext, StageOutput
 from core.stopping import begin, is_stop, signal_of
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, nested_under
-from flows import stages
 from flows.config import RunConfig
 from flows.parent_run import close_parent, drop_if_empty, open_parent
-from flows.pipeline import PIPELINE, Stage, describe, planned, walk
+from flows.pipeline import PIPELINE, Stage, planned, walk
+from flows.train_stage import default_nproc
 
 
-def context(cfg: RunConfig) -> stages.RunContext:
+@contextmanager
+def exclusive(work: Path) -> Iterator[None]:
+    """Hold WORKDIR/.lock for one run: two runs in one work dir would train into the same checkpoint."""
+    import fcntl
+
+    work.mkdir(parents=True, exist_ok=True)
+    with open(Layout(work).lock, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise DssmError(f"{work} is in use by another run ({handle.read().strip() or 'unknown'})") from None
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def context(cfg: RunConfig) -> RunContext:
     """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks."""
-    from jobs.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
 
     layout = Layout(cfg.workdir)
-    return stages.RunContext(
+    return RunContext(
         cfg=cfg,
         layout=layout,
         judged=resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE),
         mlflow_uri=cfg.mlflow_uri or default_tracking_uri(layout.workdir),
         master=cfg.spark_master or None,
         window=cfg.window(),
-        nproc=cfg.train.nproc or stages.default_nproc(),
+        nproc=cfg.train.nproc or default_nproc(),
     )
 
 
@@ -70,10 +89,10 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     done: list[dict] = []
     bar = tqdm(total=planned(PIPELINE, ctx), desc="retrain", unit="stage", disable=None)
 
-    with stages.exclusive(ctx.layout.workdir), bar:
+    with exclusive(ctx.layout.workdir), bar:
         parent, new = open_parent(ctx.mlflow_uri, ctx.judged.name, ctx.layout.workdir, *flow_run_tags(ctx))
 
-        def finished(stage: Stage, out: stages.StageOutput | None) -> None:
+        def finished(stage: Stage, out: StageOutput | None) -> None:
             bar.update(1)
             if out is None:
                 return
@@ -113,7 +132,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             raise
 
 
-def flow_run_tags(ctx: stages.RunContext) -> tuple[str, str, dict[str, str]]:
+def flow_run_tags(ctx: RunContext) -> tuple[str, str, dict[str, str]]:
     """This flow run's id, its parent run's name (`flow-NAME`, windowed: `flow-RUN_DATE-NAME`) and tags."""
     name = flow_run.get_name() or "adhoc"
     day = f"{ctx.window[-1]}-" if ctx.window else ""
@@ -140,7 +159,7 @@ def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
 def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
     """The position-bias curve the logs showed (examination per rank, relative to rank 1) as
     metrics `examination_rank_K` and the curve's JSON and plot, in every training run of this flow run."""
-    from jobs.propensity import CURVE_FILE, PLOT_FILE, read_curve
+    from jobs.propensity.job import CURVE_FILE, PLOT_FILE, read_curve
 
     client = mlflow_client(mlflow_uri)
     curve = read_curve(Path(propensity_dir))
@@ -157,7 +176,7 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
     training included: MLflow keeps one input per dataset digest, so a run killed before this point
     is completed by its rerun."""
     from core.tracking import log_datasets
-    from jobs.window import window_inputs
+    from jobs.clean.window import window_inputs
 
     client = mlflow_client(mlflow_uri)
     days = window_inputs(Path(clean_dir))
@@ -180,75 +199,3 @@ def write_summary(
     tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return summary
-
-
-def _number(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def add_arguments(p) -> None:
-    """`dssm run`'s options: the run config (flows/config.py); the stage list as the epilog."""
-    from core.options import HelpFormatter
-    from flows.config import add_run_arguments
-
-    add_run_arguments(p)
-    p.formatter_class = HelpFormatter
-    p.epilog = describe()
-
-
-class FailureReport(logging.Filter):
-    """Prefect's console report of a failed run: the exception's traceback (about 100 lines) and the
-    state lines that repeat the error `dssm run` then prints as its one line. Only the console's
-    handler drops them: Prefect's API handler still sends them to the flow run's logs (the UI)."""
-
-    REPEATS = ("Finished in state Failed", "Finished in state Crashed")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
-            return True
-        return not record.exc_info and not record.getMessage().startswith(self.REPEATS)
-
-
-@contextmanager
-def console_without_failure_report(verbose: bool) -> Iterator[None]:
-    """Prefect's console handlers, for the block, without its failure report (kept with -v, as other
-    commands show a trace only with -v)."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    handlers = [] if verbose else [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
-    quiet = FailureReport()
-    for handler in handlers:
-        handler.addFilter(quiet)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(quiet)
-
-
-def command(args) -> None:
-    """`dssm run`: the flow, ad hoc, then its table and each stage's time and counts."""
-    import time
-
-    from flows.config import config_from_args
-    from flows.guardian import start_guardian
-
-    cfg = config_from_args(args)
-    start_guardian()  # a SIGKILL of this pid alone must not orphan the ephemeral Prefect server
-    started = time.time()
-    with console_without_failure_report(getattr(args, "verbose", False)):
-        summary = retrain(cfg)
-    layout = Layout(cfg.workdir)
-    if (layout.evaluate / "report.md").exists() and "systems" in summary:
-        print("\n" + (layout.evaluate / "report.md").read_text(), end="")
-    print(f"\npipeline finished in {time.time() - started:.0f}s (flow run {summary['pipeline']['flow_run_id']}):")
-    for out in summary["pipeline"]["stages"]:
-        state = "skipped " if out["skipped"] else f"{out['seconds']:6.1f}s "
-        shown = ", ".join(f"{k} {_number(v)}" for k, v in out["counts"].items())
-        print(f"  {out['stage']:<10} {state} {out['path']}  ({shown})")
-    for gate in summary.get("gate", []):
-        decision = "promoted" if gate["promoted"] else "kept"
-        print(f"  {gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
-    print(f"report: {layout.report}")
-    if any(out["stage"] == "index" for out in summary["pipeline"]["stages"]):
-        print(f'search the champion\'s index: dssm search --workdir {cfg.workdir} "cordless drill"')

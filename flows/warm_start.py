@@ -32,8 +32,8 @@ def warm_start_source(
     from mlflow.exceptions import MlflowException
 
     from core.tracking import client as mlflow_client
-    from evaluation.registry import CHAMPION
     from modeling.hashing import Vocab
+    from scoring.serving import CHAMPION
 
     decisions_path = layout.warm_start / "decisions.json"
     decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
@@ -83,9 +83,9 @@ def _champion_state(name: str, version: str, mlflow_uri: str, checkpoint: Path) 
     """(the champion's checkpoint state, "") downloaded into `checkpoint`'s directory, or (None, what
     is wrong) when the registered version is no dssm checkpoint: anyone who reaches the MLflow server
     can register one, and it must not stop every night's training."""
-    from evaluation.registry import copy_logged_model
     from modeling.checkpoint import read_checkpoint
     from retrieval.index import resolve_model
+    from scoring.serving import copy_logged_model
 
     try:
         if not checkpoint.is_file():

@@ -9,7 +9,7 @@ encoders.
 - Tokens: the package's own WordPiece tokenizer (`tokenizer.json`, read by `tokenizers`), at most
   `model.max_tokens` pieces per text. The trigram vocabulary of `dssm vocab` is not used.
 - Vector: the mean of the last layer's token states over the text (the sentence-transformers model
-  does the same), so off the shelf it embeds as `evaluation.neural.MiniLMEmbedder` does.
+  does the same), so off the shelf it embeds as `scoring.neural.MiniLMEmbedder` does.
 - CPU budget: `model.train_layers` = K trains only the top K layers. The embeddings and the layers
   below are frozen, run in eval mode, and their output for a text is the same every time, so training
   caches it per text (CACHE_TEXTS entries): an epoch over the same titles pays the frozen layers once.

@@ -38,7 +38,7 @@ import numpy as np
 from scipy import stats
 
 from core.layout import Layout
-from evaluation.protocol import CUTOFFS
+from scoring.protocol import CUTOFFS
 from scripts_common import HOME_DEPOT, TABLE4, dssm, paired_cell, per_query_ndcg, seed_mean, training_keys
 
 ENCODERS = ("lstm", "rnn", "dssm")  # one chosen config each: TABLE4/ENCODER.yaml
@@ -90,8 +90,8 @@ def main() -> None:
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
         evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
-    else:  # each model + BM25, the fusion weights fit on the validation queries (evaluation/hybrid.py,
-        # retrieval/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
+    else:  # each model + BM25, the fusion weights fit on the validation queries (scoring/hybrid.py,
+        # scoring/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
         evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval", *(f"--fuse={f}" for f in FUSIONS)]
     models = [layout.train(e) for e in encoders] + extra
     dssm(*evaluate, *[a for m in models for a in ("--model", str(m))])

@@ -4,7 +4,7 @@ The titles are embedded on Spark by a pandas UDF (the model's files reach each e
 through SparkContext.addFile and load once per Python worker as data, never from the logged model's
 pickle; the job runs unchanged on a cluster) into `embeddings/`; the
 driver then builds a faiss index of the unit vectors (`titles.faiss`) and copies the model's
-checkpoint into `model/`, so the directory answers queries on its own (retrieval/retriever.py).
+checkpoint into `model/`, so the directory answers queries on its own (scoring/retriever.py).
 With a tracking store, the directory is logged as the pyfunc `retriever` in the model version's
 run, registered as NAME-retriever with the version's aliases, and the version is tagged with it.
 
@@ -29,36 +29,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 from core.artifacts import amend_manifest, code_fingerprint, content_sha256, publish, read_manifest
 from core.errors import DssmError
-from jobs.schemas import embeddings_schema
-from retrieval.retriever import INDEX_FILE, component_index_file, log_retriever, unit_rows
+from core.schemas import embeddings_schema
+from retrieval.config import IndexConfig, check_config
+from scoring.retriever import INDEX_FILE, component_index_file, unit_rows
+from scoring.serving import log_retriever
 
 if TYPE_CHECKING:
     import mlflow
     from mlflow.entities.model_registry import ModelVersion
 
 log = logging.getLogger(__name__)
-Kind = Literal["auto", "flat", "hnsw"]
-KINDS = get_args(Kind)
-
-
-@dataclass(frozen=True)
-class IndexConfig:
-    kind: Kind = "auto"  # flat (exact), hnsw (graph ANN) or auto: flat up to flat_max titles, else hnsw
-    # auto's limit for flat: an exact search of 200k 96-d vectors is ~10 ms per query on one core
-    flat_max: int = 200_000
-    hnsw_m: int = 32  # HNSW graph degree: recall and memory grow with it
-    ef_construction: int = 80  # HNSW candidates kept while building: graph quality against build time
-    ef_search: int = 128  # HNSW candidates kept per query search: recall against latency
-    rows_per_file: int = 100_000  # rows per embeddings/ Parquet file, about
-
-
-def check_config(cfg: IndexConfig) -> None:
-    if cfg.kind not in KINDS:
-        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +117,7 @@ def _fusion(model_dir: Path) -> dict[str, Any] | None:
 
 def dense_partners(model_dir: Path) -> dict[int, str]:
     """A hybrid's components after the model that embed texts (MiniLM, trained partners): position -> name."""
-    from evaluation.hybrid import fusion_components
+    from scoring.hybrid import fusion_components
 
     fusion = _fusion(model_dir)
     if fusion is None:
@@ -143,7 +127,7 @@ def dense_partners(model_dir: Path) -> dict[int, str]:
 
 
 def has_lexical(model_dir: Path) -> bool:
-    from evaluation.hybrid import fusion_components
+    from scoring.hybrid import fusion_components
 
     fusion = _fusion(model_dir)
     return fusion is not None and any(c["kind"] == "bm25" for c in fusion_components(fusion)[0])
@@ -181,7 +165,7 @@ def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
     """`embedder(component)`: a pandas UDF that embeds a title column with the model files in
     `model_dir` ("" for the model's own tower, else a hybrid's dense component). The directory reaches
     the executors as a tar archive through SparkContext.addFile (a cluster shares no disk), and each
-    Python worker loads it once as data (evaluation/registry.model_from_files): no pickled model runs."""
+    Python worker loads it once as data (scoring/serving.model_from_files): no pickled model runs."""
     import numpy as np
     from pyspark.sql.functions import pandas_udf
 
@@ -213,7 +197,7 @@ def executor_model(archive_name: str):
     with the Spark context) and loaded on first use."""
     from pyspark import SparkFiles
 
-    from evaluation.registry import model_dir_files, model_from_files
+    from scoring.serving import model_dir_files, model_from_files
 
     loaded = _EXECUTOR_MODEL.get(archive_name)
     if loaded is None:
@@ -242,8 +226,8 @@ def index(
     skipped when the model version, the titles and the settings are those of the index already there."""
     from pyspark.sql import functions as F
 
-    from evaluation.registry import copy_logged_model
     from jobs.spark import cluster_errors, stable_layout, write_parquet
+    from scoring.serving import copy_logged_model
 
     check_config(cfg)
     model = resolve_model(model_uri, tracking_uri)
@@ -285,8 +269,8 @@ def index(
             faiss.write_index(build_faiss(partner_vectors, cfg)[0], str(tmp / component_index_file(position)))
         build_seconds = time.perf_counter() - started
         if has_lexical(tmp / "model"):  # a hybrid with BM25 also takes BM25's best titles as candidates
-            from retrieval.bm25 import CatalogueBM25
-            from retrieval.retriever import read_titles
+            from scoring.bm25 import CatalogueBM25
+            from scoring.retriever import read_titles
 
             CatalogueBM25(read_titles(tmp)).save(tmp / "bm25")
         (tmp / "model.json").write_text(json.dumps(asdict(model), indent=2) + "\n")

@@ -35,12 +35,12 @@ def retriever_uri(uri: str, tracking_uri: str) -> str:
 
 def load(args: argparse.Namespace):
     """The Retriever of --model (through MLflow) or of --index."""
-    from retrieval.retriever import Retriever
+    from scoring.retriever import Retriever
 
     if not args.model:
         return Retriever.load(args.index or Layout(args.workdir).index, args.ef_search)
     from core.tracking import default_tracking_uri, use_store
-    from evaluation.registry import logged_files
+    from scoring.serving import logged_files
 
     tracking = args.mlflow_uri or default_tracking_uri(Path(args.workdir))
     use_store(tracking)

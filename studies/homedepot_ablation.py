@@ -39,8 +39,8 @@ import numpy as np
 from scipy import stats
 
 from core.layout import Layout
-from evaluation.protocol import CUTOFFS
-from jobs.simulate import PROMOTED_BRANDS
+from jobs.simulate.config import PROMOTED_BRANDS
+from scoring.protocol import CUTOFFS
 from scripts_common import (
     HOME_DEPOT,
     TABLE4,

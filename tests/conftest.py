@@ -25,7 +25,7 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(autouse=True, scope="session")
 def _own_embedding_cache(tmp_path_factory):
-    """MiniLM's on-disk vector cache (evaluation/neural.py) in the test session's own directory: a
+    """MiniLM's on-disk vector cache (scoring/neural.py) in the test session's own directory: a
     test never reads vectors an earlier run or the user's commands left."""
     before = os.environ.get("DSSM_CACHE")
     os.environ["DSSM_CACHE"] = str(tmp_path_factory.mktemp("dssm-cache"))
@@ -73,7 +73,7 @@ def home_depot() -> Path:
 @pytest.fixture(scope="session")
 def default_pairs():
     from core.judgments import read_judgments
-    from jobs.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
 
     return read_judgments(DEFAULT_CATALOGUE)
 
@@ -81,10 +81,12 @@ def default_pairs():
 @pytest.fixture(scope="session")
 def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
     """simulate -> clean -> vocab -> negatives on 20k impressions of the embedded catalogue."""
-    from jobs.clean import clean
-    from jobs.negatives import NegativesConfig, negatives
-    from jobs.simulate import SimulationConfig, simulate
-    from jobs.vocab import vocab
+    from jobs.clean.job import clean
+    from jobs.negatives.config import NegativesConfig
+    from jobs.negatives.job import negatives
+    from jobs.simulate.config import SimulationConfig
+    from jobs.simulate.job import simulate
+    from jobs.vocab.job import vocab
 
     work = tmp_path_factory.mktemp("pipeline")
     simulate(
@@ -198,8 +200,8 @@ def write_tiny_dataset(root: Path, shards: int = 4, rows_per_shard: int = 24, n:
     import pyarrow.parquet as pq
 
     from core.artifacts import write_manifest
+    from core.schemas import NEGATIVES, VOCAB
     from core.text import word_trigrams
-    from jobs.schemas import NEGATIVES, VOCAB
 
     rng = random.Random(seed)
     products, attributes = TINY_PRODUCTS, TINY_ATTRIBUTES
@@ -295,7 +297,7 @@ def write_judged(path: Path, test: bool = True) -> Path:
 
 
 def write_index(out: Path, titles: list[str], dim: int = 8) -> Path:
-    """An index directory laid out as `dssm index` writes it (retrieval/retriever.py), of random unit
+    """An index directory laid out as `dssm index` writes it (scoring/retriever.py), of random unit
     vectors and without model/model.pt: what `Retriever.load` reads before it loads the model, with
     the manifest (its files' sha256) that it checks first."""
     import json
@@ -306,7 +308,7 @@ def write_index(out: Path, titles: list[str], dim: int = 8) -> Path:
     import pyarrow.parquet as pq
 
     from core.artifacts import write_manifest
-    from retrieval.retriever import INDEX_FILE, unit_rows
+    from scoring.retriever import INDEX_FILE, unit_rows
 
     (out / "embeddings").mkdir(parents=True)
     (out / "model").mkdir()

@@ -57,11 +57,11 @@ def refused(call, path: Path, marker: Path) -> None:
 def test_a_checkpoint_whose_pickle_runs_code_is_refused_at_every_loader(evil, tiny_data, tmp_path):
     from analysis.report import load as analyze_load
     from dssm.cli import main
-    from evaluation.neural import TwoTowerEmbedder
     from evaluation.systems import load_trained
     from modeling.checkpoint import load_model, newest_checkpoint
     from modeling.config import load_config
     from modeling.train import resolve_paths, train
+    from scoring.neural import TwoTowerEmbedder
 
     path, marker = evil
     refused(lambda: read_checkpoint(path), path, marker)
@@ -88,7 +88,7 @@ def test_a_checkpoint_whose_pickle_runs_code_is_refused_at_every_loader(evil, ti
 
 def test_an_index_directory_with_a_planted_model_is_refused(evil, tmp_path):
     from core.artifacts import write_manifest
-    from retrieval.retriever import Retriever
+    from scoring.retriever import Retriever
 
     path, marker = evil
     index = write_index(tmp_path / "index", ["cordless drill", "white lamp"])

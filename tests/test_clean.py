@@ -9,7 +9,8 @@ import pytest
 
 from core.artifacts import content_sha256, read_manifest
 from core.errors import DssmError
-from jobs.clean import CleanConfig, clean
+from jobs.clean.config import CleanConfig
+from jobs.clean.job import clean
 
 
 def test_counts_reconcile_and_every_reject_has_a_reason(pipeline):
@@ -174,7 +175,7 @@ def test_a_truncated_bz2_or_a_damaged_parquet_file_is_named_in_the_error(spark, 
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     with pytest.raises(DssmError, match=rf"{re.escape(str(victim))}: a damaged or truncated file \(EOFError: "):
         clean(spark, str(logs), tmp_path / "out-bz2")
-    from jobs.parquetlog import twin
+    from jobs.clean.parquetlog import twin
 
     tables = tmp_path / "parquet"
     tables.mkdir()
@@ -192,8 +193,9 @@ def test_a_truncated_bz2_or_a_damaged_parquet_file_is_named_in_the_error(spark, 
 
 def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_are_quarantined(spark, tmp_path):
     from core.judgments import read_judgments
-    from jobs.catalogue import DEFAULT_CATALOGUE
-    from jobs.simulate import SimulationConfig, simulate
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate.config import SimulationConfig
+    from jobs.simulate.job import simulate
 
     pairs = read_judgments(DEFAULT_CATALOGUE)
     outputs = {}
@@ -243,7 +245,8 @@ def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_
 @pytest.fixture(scope="module")
 def v2_log(default_pairs, tmp_path_factory):
     """A small v2 log and its catalogue side table."""
-    from jobs.simulate import SimulationConfig, simulate
+    from jobs.simulate.config import SimulationConfig
+    from jobs.simulate.job import simulate
 
     sim = tmp_path_factory.mktemp("v2") / "sim"
     cfg = SimulationConfig(impressions=2_000, shards=1, workers=1, log_format=2)
@@ -344,9 +347,10 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
     import pyarrow as pa
 
     from core.layout import Layout
+    from core.stage import RunContext
     from flows.config import load_run_config
-    from flows.stages import RunContext, clean_stage
-    from jobs.parquetlog import twin
+    from jobs.clean.parquetlog import twin
+    from jobs.clean.stage import run as clean_stage
 
     lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
     first = json.loads(lines[0])
@@ -422,13 +426,13 @@ def _everything(path: Path) -> dict:
 
 
 def test_file_tasks_read_what_sparks_readers_read(spark, tmp_path, v2_log):
-    """Local files are parsed by one Python task per file (jobs/filetasks.py), not through the JVM:
+    """Local files are parsed by one Python task per file (jobs/clean/filetasks.py), not through the JVM:
     the same rows, rejects (their source and raw line included) and counts as Spark's readers give,
     for JSON lines split by \\n, \\r\\n and \\r, a byte-order mark, blank and malformed lines, gzip and
     bz2, and a Parquet table whose files differ in their columns."""
     import bz2
 
-    from jobs.parquetlog import twin
+    from jobs.clean.parquetlog import twin
 
     lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
     bad = [json.dumps(r).encode() for r in _bad_records(json.loads(lines[0]))]

@@ -16,9 +16,9 @@ from conftest import free_port, http_service, tiny_model, write_judged
 
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
-from evaluation.neural import TwoTowerEmbedder
-from evaluation.registry import champion_gate
+from evaluation.gate import champion_gate
 from modeling.checkpoint import read_checkpoint
+from scoring.neural import TwoTowerEmbedder
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
 def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_process(tiny_data, tmp_path):
     from core.judgments import resolve_judged_set
     from evaluation.evaluate import dev_queries
-    from evaluation.lexical import BM25, Collection
+    from scoring.lexical import BM25, Collection
 
     model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=3")
     judged = write_judged(tmp_path / "judged.csv")

@@ -10,8 +10,9 @@ import pytest
 from core.errors import DssmError
 from core.judgments import JudgedPair
 from core.text import is_test_query
-from evaluation.lexical import BM25, PLSA, Collection, UnigramLM
-from evaluation.protocol import (
+from evaluation.report import markdown, summarise, write_trec
+from scoring.lexical import BM25, PLSA, Collection, UnigramLM
+from scoring.protocol import (
     build_eval_set,
     evaluate_scores,
     ndcg,
@@ -19,7 +20,6 @@ from evaluation.protocol import (
     pairs_in_order,
     reciprocal_rank_and_ap,
 )
-from evaluation.report import markdown, summarise, write_trec
 
 
 def test_ndcg_by_hand_with_stable_ties():
@@ -164,7 +164,7 @@ def test_two_models_of_one_encoder_get_distinct_names():
 
 
 def test_hybrid_weight_follows_the_dev_split():
-    from evaluation.hybrid import RATIOS, fit_weights
+    from scoring.hybrid import RATIOS, fit_weights
 
     rng = np.random.default_rng(0)
     rows = [(f"query {i}", f"title {i} {j}", float(1 + j % 3)) for i in range(30) for j in range(6)]
@@ -191,8 +191,8 @@ def test_hybrid_weight_follows_the_dev_split():
 
 
 def test_a_hybrid_of_several_scorers_weighs_each_on_the_dev_split_and_the_grid_keeps_even_mixes_first():
-    from evaluation.hybrid import fit_weights, fusion_components
-    from retrieval.fusion import RetrievalFusion, weight_grid
+    from scoring.fusion import RetrievalFusion, weight_grid
+    from scoring.hybrid import fit_weights, fusion_components
 
     rng = np.random.default_rng(1)
     rows = [(f"query {i}", f"title {i} {j}", float(1 + j % 3)) for i in range(30) for j in range(6)]

@@ -82,8 +82,8 @@ def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_dat
     assert built["counts"]["titles"] == 3
     # finding 4: a same-size corruption is not up to date (a size check passed it; dssm search refused it)
     # and an earlier run's damaged index is no input of this run's mining (it failed every night there)
-    from flows.stages import StageOutput
-    from retrieval.retriever import INDEX_FILE, Retriever
+    from core.stage import StageOutput
+    from scoring.retriever import INDEX_FILE, Retriever
 
     faiss_file = tmp_path / "index" / INDEX_FILE
     damaged = bytearray(faiss_file.read_bytes())
@@ -102,7 +102,7 @@ def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_dat
 
 
 def test_a_champion_that_is_no_dssm_model_is_replaced_by_the_gate_with_a_warning(tmp_path, store, caplog):
-    from evaluation.registry import champion_gate
+    from evaluation.gate import champion_gate
     from evaluation.systems import load_trained
 
     marker = tmp_path / "marker"

@@ -78,7 +78,8 @@ def _can_mount_tmpfs(where: Path) -> bool:
 def test_simulate_and_clean_on_a_full_file_system_name_the_output(default_pairs, tmp_path):
     """`dssm simulate` used to say only "OSError: [Errno 28] No space left on device", and `dssm
     clean` a PythonException or py4j line without the cause or the path."""
-    from jobs.simulate import SimulationConfig, simulate
+    from jobs.simulate.config import SimulationConfig
+    from jobs.simulate.job import simulate
 
     full = tmp_path / "full"
     full.mkdir()

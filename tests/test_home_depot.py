@@ -7,10 +7,12 @@ import pytest
 
 from core.artifacts import read_manifest, sha256_file
 from core.judgments import read_judgments
-from jobs.clean import clean
-from jobs.negatives import NegativesConfig, negatives
-from jobs.simulate import SimulationConfig, simulate
-from jobs.vocab import vocab
+from jobs.clean.job import clean
+from jobs.negatives.config import NegativesConfig
+from jobs.negatives.job import negatives
+from jobs.simulate.config import SimulationConfig
+from jobs.simulate.job import simulate
+from jobs.vocab.job import vocab
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from conftest import tiny_model
 
 from core.artifacts import content_sha256, write_manifest
 from core.errors import DssmError
-from jobs.mine import MineConfig, mine
+from jobs.mine.config import MineConfig
+from jobs.mine.job import mine
 
 
 def rows(directory: Path) -> list[dict]:
@@ -39,7 +40,7 @@ def clicked(directory: Path) -> dict[str, set[str]]:
 
 
 def test_bm25_mining_replaces_the_asked_share_with_ranked_titles_never_clicked_for_the_query(tiny_data, tmp_path):
-    from retrieval.bm25 import CatalogueBM25
+    from scoring.bm25 import CatalogueBM25
 
     titles = pool(tiny_data, tmp_path / "titles")
     cfg = MineConfig(hard=0.5, source="bm25", min_rank=2, max_rank=30)
@@ -70,8 +71,8 @@ def test_bm25_mining_replaces_the_asked_share_with_ranked_titles_never_clicked_f
 
 def fake_index(tmp_path: Path, checkpoint: Path, titles: list[str]) -> Path:
     """A `dssm index` output's layout built by hand: the checkpoint's title vectors in a flat index."""
-    from evaluation.neural import TwoTowerEmbedder
-    from retrieval.retriever import INDEX_FILE, unit_rows
+    from scoring.neural import TwoTowerEmbedder
+    from scoring.retriever import INDEX_FILE, unit_rows
 
     out = tmp_path / "index"
     (out / "embeddings").mkdir(parents=True)
@@ -88,7 +89,7 @@ def fake_index(tmp_path: Path, checkpoint: Path, titles: list[str]) -> Path:
 
 
 def test_index_mining_keeps_titles_below_the_margin_of_the_positive(tiny_data, tmp_path):
-    from evaluation.neural import TwoTowerEmbedder
+    from scoring.neural import TwoTowerEmbedder
 
     titles = pool(tiny_data, tmp_path / "titles")
     checkpoint = tiny_model(tiny_data, tmp_path / "model", "epochs=2") / "last.pt"

@@ -19,14 +19,15 @@ from scipy import stats
 
 from core.sentence_pairs import SentencePair, parse_line, read_pairs, sentence_norm
 from dssm.cli import main as dssm_main
-from evaluation.neural import TwoTowerEmbedder
 from evaluation.sts import sts_files
-from jobs.negatives import NegativesConfig, negatives
-from jobs.paraphrase import paraphrase
-from jobs.vocab import vocab
+from jobs.negatives.config import NegativesConfig
+from jobs.negatives.job import negatives
+from jobs.paraphrase.job import paraphrase
+from jobs.vocab.job import vocab
 from modeling.checkpoint import load_model, read_checkpoint
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import paraphrase_loss
+from scoring.neural import TwoTowerEmbedder
 
 
 def test_line_formats_and_sentence_norm():

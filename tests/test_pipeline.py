@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.layout import Layout
+from core.stage import RunContext, StageOutput, run_data_stage
 from flows.config import RunConfig, load_run_config
 from flows.pipeline import PIPELINE, Earlier, Stage, check, describe, planned, walk
-from flows.stages import RunContext, StageOutput, run_data_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 

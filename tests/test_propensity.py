@@ -4,7 +4,7 @@ examination curve rank^-eta."""
 import numpy as np
 import pytest
 
-from jobs.propensity import Cells, estimate
+from jobs.propensity.job import Cells, estimate
 
 
 def test_em_recovers_a_known_examination_curve_from_pbm_clicks():
@@ -25,9 +25,10 @@ def test_em_recovers_a_known_examination_curve_from_pbm_clicks():
 
 @pytest.mark.parametrize("eta", [1.0, 1.5])
 def test_the_curve_estimated_from_clean_impressions_matches_the_simulators_truth(spark, default_pairs, tmp_path, eta):
-    from jobs.clean import clean
-    from jobs.propensity import PLOT_FILE, propensity, read_curve
-    from jobs.simulate import ClickModel, SimulationConfig, simulate
+    from jobs.clean.job import clean
+    from jobs.propensity.job import PLOT_FILE, propensity, read_curve
+    from jobs.simulate.config import ClickModel, SimulationConfig
+    from jobs.simulate.job import simulate
 
     cfg = SimulationConfig(impressions=40_000, shards=1, workers=1, log_format=2, model=ClickModel(eta=eta))
     simulate(default_pairs, tmp_path / "sim", cfg, {"path": "default", "sha256": "default"})
@@ -47,10 +48,13 @@ def test_the_curve_estimated_from_clean_impressions_matches_the_simulators_truth
 def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark, pipeline, tmp_path):
     from core.errors import DssmError
     from core.layout import Layout
-    from flows.stages import RunContext, StageOutput, propensity_stage
-    from jobs.clean import CleanConfig, clean
-    from jobs.negatives import NegativesConfig, negatives
-    from jobs.propensity import propensity
+    from core.stage import RunContext, StageOutput
+    from jobs.clean.config import CleanConfig
+    from jobs.clean.job import clean
+    from jobs.negatives.config import NegativesConfig
+    from jobs.negatives.job import negatives
+    from jobs.propensity.job import propensity
+    from jobs.propensity.stage import run as propensity_stage
 
     out = tmp_path / "clean"
     manifest = clean(spark, str(pipeline["simulate"]), out, CleanConfig(impressions=False))

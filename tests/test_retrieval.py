@@ -21,8 +21,8 @@ import pytest
 from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, http_service, tiny_model, write_index, write_judged
 
 from dssm.cli import main as dssm_main
-from evaluation.neural import TwoTowerEmbedder
 from modeling.checkpoint import read_checkpoint
+from scoring.neural import TwoTowerEmbedder
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def catalogue(path: Path) -> list[str]:
 
 def test_index_embeds_on_spark_searches_exactly_and_logs_a_retriever(spark, registered, tmp_path, capsys):
     from retrieval.index import index
-    from retrieval.retriever import Retriever
+    from scoring.retriever import Retriever
 
     titles = catalogue(tmp_path / "titles.parquet")
     out = tmp_path / "index"
@@ -187,12 +187,13 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
 
 
 def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(registered):
-    from evaluation.hybrid import HybridScorer
-    from evaluation.lexical import BM25, Collection
-    from retrieval.bm25 import CatalogueBM25
-    from retrieval.fusion import RetrievalFusion
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import Retriever
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.bm25 import CatalogueBM25
+    from scoring.fusion import RetrievalFusion
+    from scoring.hybrid import HybridScorer
+    from scoring.lexical import BM25, Collection
+    from scoring.retriever import Retriever
 
     RERANK = RetrievalFusion.from_dict(None).depth  # the depth a hybrid saved before retrieval fusion keeps
 
@@ -224,10 +225,11 @@ def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(
 
 @pytest.mark.parametrize("method", ["zscore", "rrf"])
 def test_a_hybrid_fuses_the_union_as_its_retrieval_fusion_says(registered, method):
-    from evaluation.lexical import BM25, Collection
-    from retrieval.bm25 import CatalogueBM25
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import Retriever
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.bm25 import CatalogueBM25
+    from scoring.lexical import BM25, Collection
+    from scoring.retriever import Retriever
 
     titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in "abc"]
     embedder = TwoTowerEmbedder(registered["checkpoint"])
@@ -274,14 +276,15 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     from conftest import tiny_model
 
     from evaluation.evaluate import component_kind
-    from evaluation.hybrid import HybridScorer
-    from evaluation.lexical import BM25, Collection
     from evaluation.retrieval import Catalogue, fused
     from evaluation.systems import System
-    from retrieval.bm25 import CatalogueBM25
-    from retrieval.fusion import RetrievalFusion
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import Retriever
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.bm25 import CatalogueBM25
+    from scoring.fusion import RetrievalFusion
+    from scoring.hybrid import HybridScorer
+    from scoring.lexical import BM25, Collection
+    from scoring.retriever import Retriever
 
     partner_path = tiny_model(tiny_data, tmp_path / "partner", "epochs=2", "seed=7") / "last.pt"
     model, partner = TwoTowerEmbedder(registered["checkpoint"]), TwoTowerEmbedder(partner_path)
@@ -301,7 +304,7 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     cos_m = unit(model.embed(titles, "doc")) @ unit(model.embed([query], "query")[0])
     cos_p = unit(partner.embed(titles, "doc")) @ unit(partner.embed([query], "query")[0])
     lexical = CatalogueBM25(titles).scores(query)
-    from retrieval.bm25 import best
+    from scoring.bm25 import best
 
     tops = [np.argsort(-cos_m, kind="stable")[:30], best(lexical, 30), np.argsort(-cos_p, kind="stable")[:30]]
     tops[1] = tops[1][lexical[tops[1]] > 0]
@@ -331,7 +334,7 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
 
     # the MLflow model: s_0 + Σ w_i·s_i per pair, its partner loaded from the checkpoint it logged
     from core.tracking import experiment_id
-    from evaluation.registry import log_model
+    from scoring.serving import log_model
 
     del fusion["components"][2]["file"]  # log_model names the partners' files
     with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "three")):
@@ -351,9 +354,9 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     # the dev grid scores every weighting at once (standardised scores as matrices); each grid point's
     # NDCG@10 is what ranking with that fusion (the served path above) gets
     from core.judgments import JudgedSetSpec, read_judgments
-    from evaluation.protocol import build_eval_set
     from evaluation.retrieval import fit_fusion
-    from retrieval.quality import catalogue_metrics
+    from scoring.protocol import build_eval_set
+    from scoring.quality import catalogue_metrics
 
     pairs = read_judgments(write_judged(tmp_path / "judged.csv"), JudgedSetSpec(encoding="utf-8"))
     dev = build_eval_set(pairs, "tiny", "sha")
@@ -372,10 +375,11 @@ def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dic
     import faiss
 
     from core.artifacts import write_manifest
-    from evaluation.registry import slim_checkpoint
-    from retrieval.bm25 import CatalogueBM25
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import INDEX_FILE
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.bm25 import CatalogueBM25
+    from scoring.retriever import INDEX_FILE
+    from scoring.serving import slim_checkpoint
 
     (out / "embeddings").mkdir(parents=True)
     (out / "model").mkdir()
@@ -395,8 +399,8 @@ def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dic
 
 def tiny_fusion(titles: list[str]) -> dict:
     """A hybrid's fusion.json: BM25 statistics of the titles, a re-ranking weight and a retrieval fusion."""
-    from evaluation.lexical import BM25, Collection
-    from retrieval.fusion import RetrievalFusion
+    from scoring.fusion import RetrievalFusion
+    from scoring.lexical import BM25, Collection
 
     return {"bm25": BM25.fit(Collection(titles)).to_dict(), "weight": 0.3, "retrieval": RetrievalFusion().to_dict()}
 
@@ -410,7 +414,8 @@ def test_an_index_whose_files_do_not_belong_together_is_refused_naming_the_file(
     from core.artifacts import damage, read_manifest
     from core.errors import DssmError
     from core.tracking import experiment_id
-    from retrieval.retriever import Retriever, log_retriever
+    from scoring.retriever import Retriever
+    from scoring.serving import log_retriever
 
     titles = catalogue(tmp_path / "titles.parquet")
     good = hand_built_index(tmp_path / "good", registered["checkpoint"], titles, tiny_fusion(titles))
@@ -489,7 +494,7 @@ def test_null_empty_and_non_text_inputs_are_refused_and_unknown_queries_are_flag
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, ErrorCode
 
     from core.tracking import experiment_id
-    from retrieval.retriever import log_retriever
+    from scoring.serving import log_retriever
 
     mlflow.set_tracking_uri(registered["uri"])
     scorer = mlflow.pyfunc.load_model("models:/dssm-tiny@champion")  # the served two-tower model, in process
@@ -533,11 +538,12 @@ def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded
     """16,667 copies of one word scored 5407.9: BM25 adds a term's weight once per repeat in the query."""
     from core.text import MAX_QUERY_WORDS
     from core.tracking import experiment_id
-    from evaluation.hybrid import HybridScorer
-    from evaluation.lexical import BM25
-    from evaluation.registry import log_model
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import Retriever
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.hybrid import HybridScorer
+    from scoring.lexical import BM25
+    from scoring.retriever import Retriever
+    from scoring.serving import log_model
 
     titles = catalogue(tmp_path / "titles.parquet")
     fusion = tiny_fusion(titles)
@@ -545,7 +551,7 @@ def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded
     bm25 = BM25.from_dict(fusion["bm25"])
     bound = 1 + fusion["weight"] * MAX_QUERY_WORDS * max(bm25.idf.values()) * (bm25.k1 + 1)
 
-    # the served hybrid (evaluation/registry.py's HybridModel), in process
+    # the served hybrid (scoring/serving.py's HybridModel), in process
     with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "hybrid")):
         uri, _ = log_model(registered["checkpoint"], None, {k: fusion[k] for k in ("bm25", "weight")})
     served = mlflow.pyfunc.load_model(uri).predict(pd_frame([long, capped], ["steel drill kit"] * 2))["score"]
@@ -564,8 +570,8 @@ def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded
 
 def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
     from core.judgments import JudgedPair
-    from evaluation.protocol import build_eval_set
-    from retrieval.quality import catalogue_metrics
+    from scoring.protocol import build_eval_set
+    from scoring.quality import catalogue_metrics
 
     labels = {"a": 3.0, "b": 2.0, "c": 1.0, "d": 1.0, "e": 2.6}
     pairs = [JudgedPair(i, "q", t, label) for i, (t, label) in enumerate(labels.items())]
@@ -584,8 +590,8 @@ def test_catalogue_metrics_count_unjudged_titles_as_not_relevant():
 
 
 def test_bm25s_ranks_the_catalogue_as_the_reference_bm25_scores_it():
-    from evaluation.lexical import BM25, Collection
-    from retrieval.bm25 import CatalogueBM25
+    from scoring.bm25 import CatalogueBM25
+    from scoring.lexical import BM25, Collection
 
     titles = [f"{a} {p} {s}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro", "pro max")]
     reference = BM25.fit(Collection(titles))
@@ -600,7 +606,7 @@ def test_bm25s_ranks_the_catalogue_as_the_reference_bm25_scores_it():
 def test_a_damaged_faiss_file_is_named_with_the_command_that_rebuilds_it(tmp_path, capsys, damage):
     from core.artifacts import write_manifest
     from core.errors import DssmError
-    from retrieval.retriever import INDEX_FILE, Retriever
+    from scoring.retriever import INDEX_FILE, Retriever
 
     index = write_index(tmp_path / "index", [f"title {i}" for i in range(50)])
     data = (index / INDEX_FILE).read_bytes()
@@ -626,8 +632,9 @@ def test_a_damaged_faiss_file_is_named_with_the_command_that_rebuilds_it(tmp_pat
 
 
 def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():
-    from retrieval.index import IndexConfig, build_faiss
-    from retrieval.retriever import unit_rows
+    from retrieval.config import IndexConfig
+    from retrieval.index import build_faiss
+    from scoring.retriever import unit_rows
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(3000, 16)).astype(np.float32)
@@ -647,8 +654,8 @@ def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():
 def test_bm25s_reproduces_protocols_bm25_row_on_home_depot(home_depot):
     from core.judgments import JudgedSetSpec, resolve_judged_set
     from core.text import norm
-    from evaluation.protocol import evaluate_scores, load_eval_set
-    from retrieval.bm25 import CatalogueBM25
+    from scoring.bm25 import CatalogueBM25
+    from scoring.protocol import evaluate_scores, load_eval_set
 
     judged = resolve_judged_set(home_depot, JudgedSetSpec(encoding="latin-1"))
     titles = list(dict.fromkeys(norm(p.title) for p in judged.pairs()))
@@ -666,9 +673,9 @@ def test_bm25s_reproduces_protocols_bm25_row_on_home_depot(home_depot):
 def test_bm25_retrieval_from_the_whole_home_depot_catalogue_reproduces_protocols_row(home_depot):
     """PROTOCOL.md §8's reference row, through `dssm evaluate --retrieval`'s code path."""
     from core.judgments import JudgedSetSpec, resolve_judged_set
-    from evaluation.protocol import load_eval_set, relevant_threshold
     from evaluation.retrieval import Catalogue, evaluate_retrieval
     from evaluation.systems import build_baseline
+    from scoring.protocol import load_eval_set, relevant_threshold
 
     judged = resolve_judged_set(home_depot, JudgedSetSpec(encoding="latin-1"))
     pairs = judged.pairs()

@@ -28,7 +28,7 @@ from conftest import free_port
 
 from core.artifacts import read_manifest
 from infra import database, stack
-from jobs.catalogue import DEFAULT_CATALOGUE
+from jobs.simulate.catalogue import DEFAULT_CATALOGUE
 
 pytestmark = pytest.mark.integration
 
@@ -235,8 +235,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
 
         # v2 logs (doc ids, titles in the catalogue side table, the vectorised parser on the
         # executors): the cluster's clean gives the local[2] rows too
-        from jobs.clean import clean
-        from jobs.simulate import SimulationConfig, simulate
+        from jobs.clean.job import clean
+        from jobs.simulate.config import SimulationConfig
+        from jobs.simulate.job import simulate
 
         v2 = tmp_path / "simulate-v2"
         sim = SimulationConfig(impressions=20_000, shards=2, workers=1, log_format=2)

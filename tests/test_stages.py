@@ -32,9 +32,9 @@ def kill_before_publish(monkeypatch, stage: str) -> None:
 
 
 def test_a_stage_fingerprint_covers_the_project_modules_it_imports_and_nothing_else():
-    modules = code_modules("jobs.negatives")
-    assert {"jobs.negatives", "jobs.spark", "jobs.schemas", "core.artifacts", "core.errors"} <= set(modules)
-    assert "jobs.clean" not in modules and "modeling.train" not in modules
+    modules = code_modules("jobs.negatives.job")
+    assert {"jobs.negatives.job", "jobs.spark", "core.schemas", "core.artifacts", "core.errors"} <= set(modules)
+    assert "jobs.clean.job" not in modules and "modeling.train" not in modules
     assert not any(
         m.startswith(("tests", "benchmarks", "reproductions", "studies", "scripts_common", "docs")) for m in modules
     )
@@ -44,12 +44,13 @@ def test_a_stage_fingerprint_covers_the_project_modules_it_imports_and_nothing_e
 
 
 def test_an_edit_to_an_imported_module_changes_the_fingerprint(monkeypatch):
-    before = {m: code_fingerprint(m) for m in ("jobs.negatives", "jobs.vocab", "jobs.simulate")}
+    before = {m: code_fingerprint(m) for m in ("jobs.negatives.job", "jobs.vocab.job", "jobs.simulate.job")}
     real = artifacts.module_sha256
     monkeypatch.setattr(artifacts, "module_sha256", lambda m: "edited" if m == "jobs.spark" else real(m))
     after = {m: code_fingerprint(m) for m in before}
-    assert after["jobs.negatives"] != before["jobs.negatives"] and after["jobs.vocab"] != before["jobs.vocab"]
-    assert after["jobs.simulate"] == before["jobs.simulate"]  # the simulator does not use Spark
+    assert after["jobs.negatives.job"] != before["jobs.negatives.job"]
+    assert after["jobs.vocab.job"] != before["jobs.vocab.job"]
+    assert after["jobs.simulate.job"] == before["jobs.simulate.job"]  # the simulator does not use Spark
 
 
 def write_files(tmp: Path) -> dict:
@@ -104,12 +105,17 @@ def _runners(spark, work: Path):
     from analysis.report import AnalyzeConfig, analyze
     from core.judgments import JudgedSetSpec, resolve_judged_set
     from evaluation.evaluate import EvaluateConfig, evaluate
-    from jobs.catalogue import DEFAULT_CATALOGUE
-    from jobs.clean import CleanConfig, clean
-    from jobs.negatives import NegativesConfig, negatives
-    from jobs.paraphrase import ParaphraseConfig, paraphrase
-    from jobs.simulate import SimulationConfig, simulate
-    from jobs.vocab import VocabConfig, vocab
+    from jobs.clean.config import CleanConfig
+    from jobs.clean.job import clean
+    from jobs.negatives.config import NegativesConfig
+    from jobs.negatives.job import negatives
+    from jobs.paraphrase.config import ParaphraseConfig
+    from jobs.paraphrase.job import paraphrase
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from jobs.simulate.config import SimulationConfig
+    from jobs.simulate.job import simulate
+    from jobs.vocab.config import VocabConfig
+    from jobs.vocab.job import vocab
 
     catalogue = resolve_judged_set(None, JudgedSetSpec(), DEFAULT_CATALOGUE)
     judged = resolve_judged_set(work / "judged.csv", JudgedSetSpec(encoding="utf-8"))

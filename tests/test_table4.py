@@ -21,8 +21,8 @@ import pytest
 
 from core.judgments import read_judgments
 from dssm.cli import main as dssm_main
-from evaluation.protocol import CUTOFFS, build_eval_set, evaluate_scores
 from evaluation.systems import build_baseline
+from scoring.protocol import CUTOFFS, build_eval_set, evaluate_scores
 
 pytestmark = pytest.mark.integration
 

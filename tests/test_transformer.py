@@ -16,9 +16,9 @@ TINY = ("model.encoder=minilm", "model.pretrained=false", "model.ncell=16", "mod
 
 
 def test_the_bundled_weights_embed_as_sentence_transformers_all_minilm_l6_v2():
-    from evaluation.neural import MiniLMEmbedder
     from modeling.encoders import tokenizer_for
     from modeling.model import TwoTower
+    from scoring.neural import MiniLMEmbedder
 
     cfg = load_config(overrides=["model.encoder=minilm", "model.max_tokens=64"])
     model = TwoTower(1, cfg.model).eval()
@@ -55,8 +55,8 @@ def test_frozen_layers_are_cached_without_changing_a_vector_and_never_train():
 
 
 def test_a_tiny_random_transformer_trains_with_adamw_and_its_checkpoint_scores(tiny_data, tmp_path):
-    from evaluation.neural import TwoTowerEmbedder
     from modeling.config import optimizer_name
+    from scoring.neural import TwoTowerEmbedder
 
     out = tiny_model(tiny_data, tmp_path / "minilm", *TINY, "epochs=2", "model.train_layers=1")
     state = read_checkpoint(out / "last.pt")

@@ -1,0 +1,42 @@
+"""The evaluate stage: the trained models against the baselines, registered and gated (evaluation/evaluate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.artifacts import read_manifest
+from core.stage import RunContext, StageOutput, run_data_stage
+
+
+def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput) -> StageOutput:
+    """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
+    queries of the negatives) against the baselines, then the champion gate; its report.json and
+    gate.json are the flow's report."""
+    from evaluation.evaluate import EvaluateConfig, evaluate
+    from evaluation.systems import parse_baselines
+
+    out, section = ctx.layout.evaluate, ctx.cfg.evaluate
+    checkpoints = [t.path for t in train]
+    reports: list[dict[str, Any]] = []
+
+    def job() -> dict[str, Any]:
+        cfg = EvaluateConfig(
+            judgments=ctx.judged,
+            out=out,
+            models=checkpoints,
+            baselines=parse_baselines(",".join(section.baselines)),
+            hybrid_dev=Path(negatives.path) if section.hybrid else None,
+            fusions=section.fusions,
+            mlflow_uri=ctx.mlflow_uri,
+            run_date=ctx.window[-1] if ctx.window else "",
+            force=ctx.force,
+            retrieval=section.retrieval,
+            gate_metric=section.gate_metric,
+        )
+        reports.append(evaluate(cfg))
+        return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}
+
+    stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
+    stage.counts = {"queries": reports[0]["eval_queries"], "pairs": reports[0]["eval_pairs"]}
+    return stage

@@ -1,0 +1,27 @@
+"""The index stage's settings: the faiss index kind and its HNSW parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from core.errors import DssmError
+
+Kind = Literal["auto", "flat", "hnsw"]
+KINDS = get_args(Kind)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    kind: Kind = "auto"  # flat (exact), hnsw (graph ANN) or auto: flat up to flat_max titles, else hnsw
+    # auto's limit for flat: an exact search of 200k 96-d vectors is ~10 ms per query on one core
+    flat_max: int = 200_000
+    hnsw_m: int = 32  # HNSW graph degree: recall and memory grow with it
+    ef_construction: int = 80  # HNSW candidates kept while building: graph quality against build time
+    ef_search: int = 128  # HNSW candidates kept per query search: recall against latency
+    rows_per_file: int = 100_000  # rows per embeddings/ Parquet file, about
+
+
+def check_config(cfg: IndexConfig) -> None:
+    if cfg.kind not in KINDS:
+        raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")

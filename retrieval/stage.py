@@ -1,0 +1,25 @@
+"""The index stage: the champion's ANN index over the catalogue, for `dssm search` (retrieval/index.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.stage import RunContext, StageOutput, run_data_stage
+
+
+def run(ctx: RunContext, clean: StageOutput) -> StageOutput:
+    """`dssm index` of the champion over `catalogue` (default: the clean stage's title pool), logged as
+    its retriever."""
+    from jobs.spark import run_session
+    from retrieval.index import index
+    from scoring.serving import CHAMPION, registered_name
+
+    out = ctx.layout.index
+    champion = f"models:/{registered_name(ctx.judged.name)}@{CHAMPION}"
+    titles = Path(ctx.cfg.catalogue or clean.path)
+
+    def job() -> dict[str, Any]:
+        return index(run_session(ctx.master), champion, titles, out, ctx.mlflow_uri, ctx.cfg.index, True, ctx.force)
+
+    return run_data_stage("index", champion, out, job)
