@@ -75,7 +75,7 @@ def main() -> None:
             if stage not in args.stages:
                 continue
             if stage == "clean" and log_format.startswith("parquet") and not logs.exists():
-                from jobs.clean.parquetlog import write_twin
+                from benchmarks._parquet_twin import write_twin
 
                 shape = "result_rows" if log_format == "parquet-results" else "impression_rows"
                 write_twin(Layout(work).simulate / "logs", logs, shape)

@@ -175,7 +175,7 @@ def test_a_truncated_bz2_or_a_damaged_parquet_file_is_named_in_the_error(spark, 
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     with pytest.raises(DssmError, match=rf"{re.escape(str(victim))}: a damaged or truncated file \(EOFError: "):
         clean(spark, str(logs), tmp_path / "out-bz2")
-    from jobs.clean.parquetlog import twin
+    from benchmarks._parquet_twin import twin
 
     tables = tmp_path / "parquet"
     tables.mkdir()
@@ -346,10 +346,10 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
     impressions and rejects; a bad row gets the reason a JSON line gets, `raw` holds the row."""
     import pyarrow as pa
 
+    from benchmarks._parquet_twin import twin
     from core.layout import Layout
     from core.stage import RunContext
     from flows.config import load_run_config
-    from jobs.clean.parquetlog import twin
     from jobs.clean.stage import run as clean_stage
 
     lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
@@ -432,7 +432,7 @@ def test_file_tasks_read_what_sparks_readers_read(spark, tmp_path, v2_log):
     bz2, and a Parquet table whose files differ in their columns."""
     import bz2
 
-    from jobs.clean.parquetlog import twin
+    from benchmarks._parquet_twin import twin
 
     lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
     bad = [json.dumps(r).encode() for r in _bad_records(json.loads(lines[0]))]

@@ -273,7 +273,8 @@ def test_result_rows_that_disagree_on_the_query_are_one_bad_impression_with_its_
 
     import pyarrow as pa
 
-    from jobs.clean.parquetlog import _Context, column_names, result_batches, twin
+    from benchmarks._parquet_twin import twin
+    from jobs.clean.parquetlog import _Context, column_names, result_batches
 
     lines = [
         json.dumps(

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CATALOGUE = Path(__file__).resolve().parent.parent / "dssm" / "data" / "default_catalogue.csv"
+DEFAULT_CATALOGUE = Path(__file__).resolve().parents[2] / "dssm" / "data" / "default_catalogue.csv"
 HEADER = ["id", "product_uid", "product_title", "search_term", "relevance"]
 
 BRANDS = [
