@@ -1,6 +1,8 @@
 """Where every stage of a work dir lives: the one place that names `WORKDIR/negatives` and friends.
 
-Each stage of flows/pipeline.py's PIPELINE has the name of its output here (`Earlier(NAME)` reads it).
+`output(NAME)` is where stage NAME of flows/pipeline.py's PIPELINE writes (`Earlier(NAME)` reads it):
+its property here where it has one (older work dirs name some outputs otherwise: mine -> mined/,
+evaluate -> eval/), else WORKDIR/NAME, so a new stage needs no entry here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ class Layout:
 
     def __init__(self, workdir: str | Path):
         object.__setattr__(self, "workdir", Path(workdir))
+
+    def output(self, stage: str) -> Path:
+        """Where stage `stage` writes its one output directory."""
+        named = getattr(type(self), stage, None)
+        return named.fget(self) if isinstance(named, property) else self.workdir / stage
 
     @property
     def simulate(self) -> Path:

@@ -10,6 +10,8 @@ settable here, shown in the Prefect UI, saved in WORKDIR/report.json and logged 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from dataclasses import asdict, dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -271,12 +273,11 @@ def validate(cfg: RunConfig) -> None:
     from evaluation.evaluate import check_fusions
 
     check_fusions(cfg.evaluate.fusions)
-    from retrieval.config import check_config
-
-    check_config(cfg.index)
-    from jobs.teacher.config import check_config as check_teacher
-
-    check_teacher(cfg.teacher)
+    for section in dataclasses.fields(cfg):  # a stage's config module may hold check_config(its section)
+        value = getattr(cfg, section.name)
+        check = getattr(sys.modules.get(type(value).__module__), "check_config", None)
+        if dataclasses.is_dataclass(value) and check is not None:
+            check(value)
     if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
         raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:

@@ -50,6 +50,7 @@ class Stage:
     warn_unless: bool = False  # not running is worth a warning (an input is missing), not a choice
     each: Callable[[RunContext], list[str]] | None = None  # one task per item (train: per encoder)
     retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
+    trains_on: bool = False  # its output is what the models train on: the last such tags the run's data_version
 
     def run(self) -> Callable[..., StageOutput | None]:
         if callable(self.code):
@@ -107,6 +108,7 @@ PIPELINE: tuple[Stage, ...] = (
         section="negatives",
         reads=("clean", "propensity"),
         retried=True,
+        trains_on=True,
     ),
     Stage(
         "mine",
@@ -116,6 +118,7 @@ PIPELINE: tuple[Stage, ...] = (
         reads=("negatives", "clean", Earlier("index")),
         when=lambda ctx: ctx.cfg.mine.hard > 0,
         unless="mine.hard=0",
+        trains_on=True,
     ),
     Stage(
         "teacher",
@@ -125,6 +128,7 @@ PIPELINE: tuple[Stage, ...] = (
         reads=("negatives", "clean", "mine", Earlier("index")),
         when=lambda ctx: bool(ctx.cfg.teacher.scorers),
         unless="teacher.scorers empty",
+        trains_on=True,
     ),
     Stage(
         "train",
@@ -168,9 +172,7 @@ PIPELINE: tuple[Stage, ...] = (
 
 def check(pipeline: tuple[Stage, ...]) -> None:
     """Names are unique; a stage reads only stages before it, or what a stage with one output
-    directory (a `Layout` property of its name) left earlier."""
-    from core.layout import Layout
-
+    directory (not one per item) left earlier."""
     seen: list[str] = []
     names = {s.name: s for s in pipeline}
     for s in pipeline:
@@ -179,10 +181,8 @@ def check(pipeline: tuple[Stage, ...]) -> None:
         for read in s.reads:
             if isinstance(read, Earlier) and read.stage not in names:
                 raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which is no stage")
-            if isinstance(read, Earlier) and (
-                names[read.stage].each or not isinstance(getattr(Layout, read.stage, None), property)
-            ):
-                raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which has no one Layout directory")
+            if isinstance(read, Earlier) and names[read.stage].each:
+                raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which has no one output directory")
             if isinstance(read, str) and read not in seen:
                 raise ValueError(f"stage {s.name} reads {read!r}, which does not run before it")
         seen.append(s.name)
@@ -226,7 +226,7 @@ def walk(
 
 def _read(read: str | Earlier, outputs: dict[str, Any], ctx: RunContext) -> Any:
     if isinstance(read, Earlier):
-        return StageOutput.left_by_earlier_run(read.stage, getattr(ctx.layout, read.stage))
+        return StageOutput.left_by_earlier_run(read.stage, ctx.layout.output(read.stage))
     return outputs[read]
 
 

@@ -99,7 +99,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             done.append(out.to_dict())
             state = "up to date, skipped" if out.skipped else f"done in {out.seconds:.1f}s"
             logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
-            if out.stage in ("negatives", "mine", "teacher"):  # what the models train on (the last of them that ran)
+            if stage.trains_on:  # what the models train on (the last of them that ran)
                 mlflow_client(ctx.mlflow_uri).set_tag(parent, "data_version", out.sha256)
 
         try:

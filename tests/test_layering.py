@@ -69,3 +69,33 @@ def test_the_run_config_loads_without_spark_mlflow_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _readme_layout() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Layout")
+    return text[text.index("```\n", start) : text.index("\n```", text.index("```\n", start) + 4)]
+
+
+def test_the_readme_layout_lists_every_package_stage_and_script():
+    """README's layout block is written by hand: it names every package, every stage package of jobs/,
+    every script of the script folders and every encoder, so a new one cannot drift out of it."""
+    from modeling.encoders import ENCODERS
+
+    layout = _readme_layout()
+    named = {line.split()[0] for line in layout.splitlines() if line and not line.startswith(" " * 4)}
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    stages = {p.parent.name for p in (ROOT / "jobs").glob("*/__init__.py")}
+    assert {f"{p}/" for p in packages} <= named
+    assert {f"{s}/" for s in stages} <= named
+    scripts = [p.name for d in ("benchmarks", "reproductions", "studies") for p in (ROOT / d).glob("[!_]*.py")]
+    assert [s for s in scripts if s != "__init__.py" and s not in layout] == []
+    assert all(e in layout for e in ENCODERS)
+
+
+def test_the_studies_index_links_every_study_and_names_every_study_script():
+    index = (ROOT / "docs" / "studies" / "README.md").read_text()
+    pages = [p.name for p in (ROOT / "docs" / "studies").glob("*.md") if p.name != "README.md"]
+    assert [p for p in pages if f"]({p})" not in index] == []
+    scripts = [p.name for p in (ROOT / "studies").glob("[!_]*.py")]
+    assert [s for s in scripts if s not in index] == []

@@ -38,8 +38,14 @@ def test_every_stage_has_a_layout_name_and_the_help_lists_them_in_order():
     positions = [text.index(f"  {s.name} ") for s in PIPELINE]
     assert positions == sorted(positions)
     for s in PIPELINE:
-        output = getattr(layout, s.name)
-        assert isinstance(output("lstm") if s.each else output, Path), s.name
+        output = layout.train("lstm") if s.each else layout.output(s.name)
+        assert output.parent in (layout.workdir, layout.workdir / s.name), s.name
+    # older work dirs' names are kept; a stage with no Layout property writes WORKDIR/NAME
+    assert (layout.output("mine"), layout.output("evaluate"), layout.output("new")) == (
+        layout.mine,
+        layout.evaluate,
+        layout.workdir / "new",
+    )
 
 
 def context(tmp_path: Path, *overrides: str) -> RunContext:
@@ -64,7 +70,7 @@ def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():
         check((Stage("a", noop, "", reads=("b",)), Stage("b", noop, "")))
     with pytest.raises(ValueError, match="which is no stage"):
         check((Stage("a", noop, "", reads=(Earlier("nothing"),)),))
-    with pytest.raises(ValueError, match="no one Layout directory"):
+    with pytest.raises(ValueError, match="no one output directory"):
         check((Stage("a", noop, "", reads=(Earlier("train"),)), Stage("train", noop, "", each=lambda ctx: [])))
     check((Stage("a", noop, "", reads=(Earlier("index"),)), Stage("index", noop, "")))  # last run's, before this run's
 

@@ -24,6 +24,6 @@ def run(
 
     def build() -> dict[str, Any]:
         titles = Path(clean.path) / "titles"
-        return teacher(Path(rows.path), titles, index, ctx.layout.teacher, ctx.cfg.teacher, ctx.force)
+        return teacher(Path(rows.path), titles, index, ctx.layout.output("teacher"), ctx.cfg.teacher, ctx.force)
 
-    return run_data_stage("teacher", rows.path, ctx.layout.teacher, build)
+    return run_data_stage("teacher", rows.path, ctx.layout.output("teacher"), build)
