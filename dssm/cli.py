@@ -27,6 +27,9 @@ class Command:
     module: str  # holds add_arguments(parser) and command(args)
     help: str
     description: str
+    # imported before logging is set up when the command runs (not for --help): Prefect sets up its console
+    # logging on import, and this process's own handler must then not print its records a second time
+    before_logging: str = ""
 
 
 COMMANDS: dict[str, Command] = {
@@ -141,6 +144,7 @@ COMMANDS: dict[str, Command] = {
         "the comparison table and writes WORKDIR/report.json (with the resolved config). Finished stages whose "
         "inputs, settings and code are unchanged are skipped; a killed or failed run, run again, resumes (training "
         "from its last checkpoint). Without --judgments it uses the embedded catalogue.",
+        before_logging="flows.retrain",
     ),
     "schedule": Command(
         "flows.schedule",
@@ -207,6 +211,8 @@ class _Unactionable(logging.Filter):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    if COMMANDS[args.command].before_logging:
+        importlib.import_module(COMMANDS[args.command].before_logging)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",

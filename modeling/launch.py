@@ -119,9 +119,36 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
             argv += ["--on-change", on_change]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        return subprocess.run(argv, env=env).returncode
+        # its own process group, so that a stop reaches torchrun and every rank at once (core/stopping.py)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        try:
+            return proc.wait()
+        except BaseException:  # SIGTERM or ^C here (or any error): the ranks must not outlive this process
+            stop_group(proc)
+            raise
     finally:
         path.unlink(missing_ok=True)
+
+
+def stop_group(proc, grace: float = 7.0) -> None:
+    """SIGTERM to torchrun's process group (each rank then marks its run KILLED and leaves its last
+    checkpoint), SIGKILL to what is left of it after `grace` seconds."""
+    import signal
+    import subprocess
+
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # torchrun is gone; a rank may still be on its way out
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
 
 
 def write_resolved(cfg: TrainConfig) -> Path:
@@ -159,12 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
+    from core.stopping import is_stop, signal_of, signals_stop
+
     try:
-        cfg = read_resolved(args.resolved_config) if args.resolved_config else config_from_args(args)
-        train(cfg, resume=args.resume, on_change=args.on_change)
+        with signals_stop():  # SIGTERM from `dssm train`/`dssm run` (stop_group): the run ends KILLED, resumable
+            cfg = read_resolved(args.resolved_config) if args.resolved_config else config_from_args(args)
+            train(cfg, resume=args.resume, on_change=args.on_change)
     except DssmError as e:
         print(f"dssm train (rank {rank}): error: {e}", file=sys.stderr)
         return 2
+    except BaseException as e:
+        if not is_stop(e):
+            raise
+        print(f"dssm train (rank {rank}): stopped by signal {signal_of(e)}", file=sys.stderr)
+        return 128 + signal_of(e)
     return 0
 
 

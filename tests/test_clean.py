@@ -483,3 +483,27 @@ def test_a_uri_input_is_fingerprinted_so_an_unchanged_rerun_is_a_no_op(spark, tm
     assert again["counts"]["lines_read"] == first["counts"]["lines_read"] + 1, (again["counts"], first["counts"])
     with pytest.raises(DssmError, match="raw log input not found"):
         clean(spark, (tmp_path / "nowhere").as_uri(), tmp_path / "out", cfg)
+
+
+def test_small_files_share_parse_tasks_and_clean_to_the_rows_of_one_file(spark, pipeline, tmp_path):
+    """Issue 51: a thousand small files were a thousand tasks and impressions/ files (853 s). Now a run of
+    them shares a task: 300 ten-line files clean to the rows of the same lines in one file, into a few
+    impressions/ files."""
+    from jobs.clean.filetasks import file_groups
+
+    assert file_groups([10] * 300, cores=2) == [list(range(i, i + 75)) for i in range(0, 300, 75)]
+    assert file_groups([100, 5, 5, 100], cores=1, task_bytes=50) == [[0], [1, 2], [3]]  # a large file alone
+    lines = gzip.open(next((pipeline["simulate"] / "logs").glob("part-*")), "rb").read().splitlines()[:3_000]
+    one, many = tmp_path / "one", tmp_path / "many"
+    one.mkdir()
+    many.mkdir()
+    (one / "all.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    for i in range(300):
+        (many / f"part-{i:04d}.jsonl").write_bytes(b"\n".join(lines[i * 10 : i * 10 + 10]) + b"\n")
+    whole = clean(spark, str(one), tmp_path / "clean-one")
+    split = clean(spark, str(many), tmp_path / "clean-many")
+    assert split["counts"] == whole["counts"]
+    for dataset in ("pairs", "titles"):
+        assert pq.read_table(tmp_path / "clean-many" / dataset).equals(pq.read_table(tmp_path / "clean-one" / dataset))
+    tasks = len(file_groups([f.stat().st_size for f in sorted(many.iterdir())], cores=2))  # local[2]: 4 or 5
+    assert len(list((tmp_path / "clean-many" / "impressions").glob("*.parquet"))) == tasks <= 5

@@ -228,10 +228,16 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     } <= set(lstm_eval.data.metrics)
     assert lstm_eval.data.metrics["valid_loss"] == lstm_train.data.metrics["valid_loss"]
 
+    # The runs below check what reaches training: they train 3 epochs and evaluate the model against BM25 alone
+    # (no hybrid, no catalogue retrieval, no index or analysis), which the runs above checked
+    base = [*args[: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]
+    base += ["evaluate.hybrid=false", "evaluate.retrieval=false", "evaluate.gate_metric=ndcg@10"]
+    short = [*TINY_TRAIN, "epochs=3", "checkpoint_every=10", "eval_every=1000"]
+
     # Debiased training: the propensity stage's curve reaches the negatives, which the training run weighs by
     monkeypatch.undo()
-    debiased = [*args[: 3 + len(TINY_RUN)], "negatives.debias=true", "negatives.list_size=10"]
-    debiased += ["--train", *train, "loss.pair_weight=log_ipw", "loss.listwise=0.5"]
+    debiased = [*base, "negatives.debias=true", "negatives.list_size=10"]
+    debiased += ["--train", *short, "loss.pair_weight=log_ipw", "loss.listwise=0.5"]
     assert main(debiased) == 0
     built = json.loads((work / "negatives" / "manifest.json").read_text())
     assert built["inputs"]["propensity"]["path"] == str(work / "propensity") and built["counts"]["listwise_queries"]
@@ -242,7 +248,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     }
 
     # Mining: the mine stage reads the index the run before left and the model trains on its rows
-    assert main([*args[: 3 + len(TINY_RUN)], "mine.hard=0.5", "--train", *train]) == 0
+    assert main([*base, "mine.hard=0.5", "--train", *short]) == 0
     mined = json.loads((work / "mined" / "manifest.json").read_text())
     assert mined["source_used"] == "index" and mined["inputs"]["index"]["path"] == str(work / "index")
     assert mined["counts"]["mined_negatives"] > 0 and not skipped_stages()["mine"]
@@ -254,8 +260,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     # Distillation: the teacher stage lists each train query's hard candidates (BM25's and those of the index
     # the run before left) with the titles clicked for it, scored by a teacher (BM25 and that index's model,
     # z-scores fused); the model trains on them with the listwise loss beside eq. (5)
-    base = args[: 3 + len(TINY_RUN)]
-    assert main([*base, "teacher.scorers=[bm25,index]", "--train", *train, "loss.listwise=0.5"]) == 0
+    assert main([*base, "teacher.scorers=[bm25,index]", "--train", *short, "loss.listwise=0.5"]) == 0
     taught = json.loads((work / "teacher" / "manifest.json").read_text())
     assert taught["inputs"]["index"]["path"] == str(work / "index") and taught["params"]["list_size"] == 20
     assert taught["counts"]["lists"] == stages["negatives"]["counts"]["train_queries"]
@@ -270,7 +275,8 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     tiny_bert = "train.per_encoder.minilm=[model.pretrained=false,model.max_tokens=16,model.train_layers=1,epochs=2,"
     tiny_bert += "data.batch_size=32]"
     fusions = "evaluate.fusions=[MODEL+bm25,MODEL+bm25+minilm]"
-    assert main([*base, "train.models=[lstm,minilm]", tiny_bert, fusions, "--train", *train]) == 0
+    full = [*args[: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]  # every hybrid and retrieval: the default
+    assert main([*full, "train.models=[lstm,minilm]", tiny_bert, fusions, "--train", *short]) == 0
     report = json.loads((work / "report.json").read_text())
     wanted = {"minilm", "minilm-ft", "minilm-ft+bm25", "minilm-ft+bm25+minilm", "lstm+bm25", "lstm+bm25+minilm"}
     assert wanted <= set(report["systems"]) and wanted <= set(report["retrieval"]["systems"])
@@ -282,7 +288,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     trains = [t for t in report["pipeline"]["stages"] if t["stage"] == "train"]
     assert [Path(t["path"]).parent.name for t in trains] == ["lstm", "minilm"]
     lstm = read_checkpoint(work / "train" / "lstm" / "last.pt")["config"]  # the per-encoder keys stay out of it
-    assert lstm["model"]["encoder"] == "lstm" and lstm["epochs"] == 20 and lstm["data"]["batch_size"] == 64
+    assert lstm["model"]["encoder"] == "lstm" and lstm["epochs"] == 3 and lstm["data"]["batch_size"] == 64
     for system in ("minilm-ft", "lstm+bm25+minilm"):
         out = tmp_path / f"index-{system}"
         model = f"models:/dssm-default-catalogue/{gated[system]}"

@@ -35,19 +35,26 @@ def stop(proc: subprocess.Popen, group: bool) -> float:
     return time.monotonic() - started
 
 
-def test_sigterm_stops_a_training_that_resumes_from_its_checkpoint(tiny_data, tmp_path):
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.integration)])
+def test_sigterm_stops_a_training_that_resumes_from_its_checkpoint(tiny_data, tmp_path, nproc):
+    """nproc=2: the signal reaches torchrun and both ranks (modeling/launch.py's stop_group); none is left."""
     import mlflow
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     out, store = tmp_path / "run", f"sqlite:///{tmp_path}/train.db"
-    args = [sys.executable, "-m", "dssm.cli", "train", "--workdir", str(data), "model.ncell=8", "data.batch_size=16"]
-    args += ["threads=1", "epochs=5000", "checkpoint_every=5", "eval_every=100000", f"out={out}", f"mlflow_uri={store}"]
+    args = [sys.executable, "-m", "dssm.cli", "train", "--nproc", str(nproc), "--workdir", str(data)]
+    args += ["model.ncell=8", "data.batch_size=16", "threads=1", "epochs=5000", "checkpoint_every=5"]
+    args += ["eval_every=100000", f"out={out}", f"mlflow_uri={store}"]
     with open(tmp_path / "stderr", "wb") as err:  # a file, not a pipe: a full pipe would block the run
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         wait_for(out / "last.pt", proc, timeout=120)
+        helpers = psutil.Process(proc.pid).children(recursive=True)  # torchrun and its ranks
+        assert len(helpers) >= (nproc + 1 if nproc > 1 else 0)
         seconds = stop(proc, group=False)
+    _, left = psutil.wait_procs(helpers, timeout=5)
     stderr = (tmp_path / "stderr").read_text()
+    assert not left, [" ".join(p.cmdline()[:6]) for p in left]
     assert proc.returncode == 128 + signal.SIGTERM and seconds < BAR_SECONDS, (seconds, stderr[-2000:])
     assert "dssm train: stopped by SIGTERM" in stderr
     client = mlflow.MlflowClient(store)

@@ -153,24 +153,32 @@ def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_da
     cfg = config(tiny_data, tmp_path / "run", "optim.lr=0.05", "model.hidden=7,5", f"mlflow_uri=sqlite:///{tmp_path}/m")
     seen = {}
 
-    def torchrun(argv: list[str], env: dict) -> subprocess.CompletedProcess:
-        rank_args = argv[argv.index("modeling.launch") + 1 :]
-        seen["args"], seen["path"] = rank_args, Path(rank_args[1])
-        seen["cfg"] = launcher.read_resolved(seen["path"])  # what a rank builds
-        return subprocess.CompletedProcess(argv, 3)
+    class Torchrun:  # subprocess.Popen as launch uses it: the ranks' command line, then their exit status
+        def __init__(self, argv: list[str], env: dict, start_new_session: bool):
+            rank_args = argv[argv.index("modeling.launch") + 1 :]
+            seen["args"], seen["path"] = rank_args, Path(rank_args[1])
+            seen["cfg"] = launcher.read_resolved(seen["path"])  # what a rank builds
+            seen["own_group"] = start_new_session  # a stop reaches torchrun and every rank (stop_group)
 
-    monkeypatch.setattr(subprocess, "run", torchrun)
+        def wait(self) -> int:
+            return 3
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
     assert launcher.launch(2, cfg, resume=True, on_change="restart") == 3
     assert seen["args"] == ["--resolved-config", str(seen["path"]), "--resume", "--on-change", "restart"]
-    assert seen["cfg"] == cfg and seen["path"].parent == tmp_path and not seen["path"].exists()
+    assert seen["cfg"] == cfg and seen["path"].parent == tmp_path and not seen["path"].exists() and seen["own_group"]
 
-    def killed(argv: list[str], env: dict) -> subprocess.CompletedProcess:
-        assert len(list(tmp_path.glob(".run.config-*.json"))) == 1
-        raise KeyboardInterrupt
+    class Killed(Torchrun):
+        def wait(self) -> int:
+            assert len(list(tmp_path.glob(".run.config-*.json"))) == 1
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(subprocess, "run", killed)
+    stopped = []
+    monkeypatch.setattr(subprocess, "Popen", Killed)
+    monkeypatch.setattr(launcher, "stop_group", stopped.append)
     with pytest.raises(KeyboardInterrupt):
         launcher.launch(2, cfg)
+    assert len(stopped) == 1  # the ranks were stopped with it
     assert not list(tmp_path.glob(".run.config-*"))  # removed on failure too
     with pytest.raises(DssmError, match="resolved config .* out"):
         launcher.launch(2, load_config(None, TINY))

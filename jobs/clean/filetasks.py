@@ -1,11 +1,14 @@
-"""Clean's parse step as one Python task per input file: the file read with Python and pyarrow,
-parsed (`jobs.clean.rawlog.parse_batches`, `jobs.clean.parquetlog.impression_batches`) and written to the
-parsed scratch with pyarrow, so the rows never pass through the JVM.
+"""Clean's parse step as Python tasks over the input files (small files share a task: `file_groups`):
+each file read with Python and pyarrow, parsed (`jobs.clean.rawlog.parse_batches`,
+`jobs.clean.parquetlog.impression_batches`) and written to the parsed scratch with pyarrow,
+so the rows never pass through the JVM.
 
 Through Spark's readers each row went JVM -> Arrow -> Python and back, and the JVM wrote the
 nested list columns to Parquet: at 1M impressions that was ~9x the CPU of the parsing itself
-(docs/studies/clean-throughput.md, issue 42). Spark still schedules the tasks, one per file, on
-whatever master it has; the files must be readable where the tasks run, as for any `file:` input.
+(docs/studies/clean-throughput.md, issue 42). Spark still schedules the tasks on whatever master it
+has; the files must be readable where the tasks run, as for any `file:` input. A task reads a run of
+files in name order, about TASK_BYTES of them (fewer where that would leave cores idle): a thousand
+small files are a few tasks and a few scratch and impressions/ files, not a thousand (issue 51).
 
 Taken for files on the local file system (`file:` after Hadoop qualifies them), JSON lines plain,
 `.gz` or `.bz2`, and Parquet tables of impression rows. Anything else (an `hdfs://` or `s3a://`
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 BATCH = 65_536  # lines or rows per Arrow batch handed to the parser
+TASK_BYTES = 64 << 20  # input bytes a parse task reads at most unless one file is larger
 ROW_GROUP = 262_144  # parsed rows per row group of the scratch
 _CHUNK = 8 << 20  # bytes read from a file at a time
 _BOM = b"\xef\xbb\xbf"
@@ -67,31 +72,50 @@ def parse_files(
     parse: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     read: Callable[[str, str, int], Iterator[pa.RecordBatch]],
 ) -> int:
-    """Each of `files` (`local_files`) as `scratch/part-IIIII.parquet`: its batches from
-    `read(source, path, index)` through `parse` (PARSED batches), written by the task that read
-    them. Returns the rows written. A retried task rewrites its own file."""
+    """Each group of `files` (`local_files`, grouped by `file_groups`) as `scratch/part-GGGGG.parquet`:
+    its files' batches from `read(source, path, index)` through `parse` (PARSED batches), in name
+    order, written by the task that read them. Returns the rows written. A retried task rewrites its
+    own file."""
     from jobs.clean.rawlog import PARSED
     from jobs.spark import python_tasks
 
     scratch.mkdir(parents=True)
-    shared = spark.sparkContext.broadcast((files, str(scratch)))
+    groups = file_groups([os.path.getsize(path) for _, path in files], spark.sparkContext.defaultParallelism)
+    shared = spark.sparkContext.broadcast((files, groups, str(scratch)))
 
-    def task(i: int) -> int:
-        files, out = shared.value
-        source, path = files[i]
+    def task(g: int) -> int:
+        files, groups, out = shared.value
         rows, pending = 0, []
-        with pq.ParquetWriter(Path(out) / f"part-{i:05d}.parquet", PARSED, compression="snappy") as writer:
-            for parsed in parse(_named(read(source, path, i), source)):
-                pending.append(parsed)
-                rows += parsed.num_rows
-                if sum(b.num_rows for b in pending) >= ROW_GROUP:  # few, large row groups, as Spark writes
-                    writer.write_table(pa.Table.from_batches(pending))
-                    pending.clear()
+        with pq.ParquetWriter(Path(out) / f"part-{g:05d}.parquet", PARSED, compression="snappy") as writer:
+            for i in groups[g]:
+                source, path = files[i]
+                for parsed in parse(_named(read(source, path, i), source)):
+                    pending.append(parsed)
+                    rows += parsed.num_rows
+                    if sum(b.num_rows for b in pending) >= ROW_GROUP:  # few, large row groups, as Spark writes
+                        writer.write_table(pa.Table.from_batches(pending))
+                        pending.clear()
             if pending:
                 writer.write_table(pa.Table.from_batches(pending))
         return rows
 
-    return python_tasks(spark, len(files), task)
+    return python_tasks(spark, len(groups), task)
+
+
+def file_groups(sizes: list[int], cores: int, task_bytes: int = TASK_BYTES) -> list[list[int]]:
+    """The files (their sizes, in name order) as runs of consecutive indices, one parse task each: a
+    run closes at `task_bytes`, or sooner where fewer runs than twice the cores would leave cores idle;
+    every file in exactly one run."""
+    target = max(1, min(task_bytes, sum(sizes) // max(1, 2 * cores)))
+    groups: list[list[int]] = [[]]
+    filled = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and filled + size > target:
+            groups.append([])
+            filled = 0
+        groups[-1].append(i)
+        filled += size
+    return [g for g in groups if g]
 
 
 UNREADABLE = "dssm: an unreadable input file"  # what clean finds in the error Spark raises for a task
