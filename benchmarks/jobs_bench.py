@@ -11,7 +11,7 @@ sampled every 0.2 s. Results are printed as a Markdown table and written as JSON
 lines carry doc ids with the titles in a catalogue side table (docs/raw-log-format.md).
 `parquet` and `parquet-results` clean the v2 log's Parquet twin instead (docs/raw-log-format.md,
 "Parquet tables": impression rows, or result rows; a UTC timestamp column), written by
-`jobs.clean.parquetlog.write_twin` after simulate, not timed.
+`benchmarks._parquet_twin.write_twin` after simulate, not timed.
 --no-impressions measures clean without its impressions/ output.
 """
 

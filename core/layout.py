@@ -1,14 +1,15 @@
 """Where every stage of a work dir lives: the one place that names `WORKDIR/negatives` and friends.
 
 `output(NAME)` is where stage NAME of flows/pipeline.py's PIPELINE writes (`Earlier(NAME)` reads it):
-its property here where it has one (older work dirs name some outputs otherwise: mine -> mined/,
-evaluate -> eval/), else WORKDIR/NAME, so a new stage needs no entry here.
+WORKDIR/NAME, or the name older work dirs have for it (OLDER_NAMES), so a new stage needs no entry here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+OLDER_NAMES = {"mine": "mined", "evaluate": "eval", "analyze": "analysis"}  # stage -> its directory's name
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,7 @@ class Layout:
 
     def output(self, stage: str) -> Path:
         """Where stage `stage` writes its one output directory."""
-        named = getattr(type(self), stage, None)
-        return named.fget(self) if isinstance(named, property) else self.workdir / stage
+        return self.workdir / OLDER_NAMES.get(stage, stage)
 
     @property
     def simulate(self) -> Path:
@@ -56,7 +56,7 @@ class Layout:
     @property
     def mine(self) -> Path:
         """The negatives with mined hard ones (`dssm mine`)."""
-        return self.workdir / "mined"
+        return self.output("mine")
 
     @property
     def teacher(self) -> Path:
@@ -74,7 +74,7 @@ class Layout:
 
     @property
     def evaluate(self) -> Path:
-        return self.workdir / "eval"
+        return self.output("evaluate")
 
     @property
     def index(self) -> Path:
@@ -82,7 +82,7 @@ class Layout:
 
     @property
     def analyze(self) -> Path:
-        return self.workdir / "analysis"
+        return self.output("analyze")
 
     @property
     def report(self) -> Path:

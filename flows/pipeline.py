@@ -7,7 +7,7 @@ the outputs of stages before it by name, and with `Earlier(NAME)` what stage NAM
 dir from an earlier run (e.g. last night's index, before this run's index stage rebuilds it).
 
 Adding a stage: its package's `stage` module with `run(ctx, **reads) -> StageOutput` (beside its
-config and job), one entry here, one `Layout` name for its output, one row in docs/architecture.md
+config and job), one entry here, one field in the run config, one row in docs/architecture.md
 (the walk-through: docs/architecture.md#adding-a-stage).
 """
 

@@ -119,8 +119,7 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
             argv += ["--on-change", on_change]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        # its own process group, so that a stop reaches torchrun and every rank at once (core/stopping.py)
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env)
         try:
             return proc.wait()
         except BaseException:  # SIGTERM or ^C here (or any error): the ranks must not outlive this process
@@ -131,24 +130,19 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
 
 
 def stop_group(proc, grace: float = 7.0) -> None:
-    """SIGTERM to torchrun's process group (each rank then marks its run KILLED and leaves its last
-    checkpoint), SIGKILL to what is left of it after `grace` seconds."""
-    import signal
-    import subprocess
+    """SIGTERM to torchrun and to each of its ranks (torchrun starts every rank in a session of its own,
+    so a signal to torchrun's group would not reach them): each rank marks its run KILLED and leaves
+    its last checkpoint; what is left after `grace` seconds is killed."""
+    import psutil
 
-    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        try:  # torchrun is gone; a rank may still be on its way out
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
+    from core.stopping import end_processes
+
+    try:
+        torchrun = psutil.Process(proc.pid)
+        family = [torchrun, *torchrun.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    end_processes(family, wait=grace)
 
 
 def write_resolved(cfg: TrainConfig) -> Path:

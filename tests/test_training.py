@@ -154,11 +154,10 @@ def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_da
     seen = {}
 
     class Torchrun:  # subprocess.Popen as launch uses it: the ranks' command line, then their exit status
-        def __init__(self, argv: list[str], env: dict, start_new_session: bool):
+        def __init__(self, argv: list[str], env: dict):
             rank_args = argv[argv.index("modeling.launch") + 1 :]
             seen["args"], seen["path"] = rank_args, Path(rank_args[1])
             seen["cfg"] = launcher.read_resolved(seen["path"])  # what a rank builds
-            seen["own_group"] = start_new_session  # a stop reaches torchrun and every rank (stop_group)
 
         def wait(self) -> int:
             return 3
@@ -166,7 +165,7 @@ def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_da
     monkeypatch.setattr(subprocess, "Popen", Torchrun)
     assert launcher.launch(2, cfg, resume=True, on_change="restart") == 3
     assert seen["args"] == ["--resolved-config", str(seen["path"]), "--resume", "--on-change", "restart"]
-    assert seen["cfg"] == cfg and seen["path"].parent == tmp_path and not seen["path"].exists() and seen["own_group"]
+    assert seen["cfg"] == cfg and seen["path"].parent == tmp_path and not seen["path"].exists()
 
     class Killed(Torchrun):
         def wait(self) -> int:

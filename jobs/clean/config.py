@@ -22,6 +22,6 @@ class CleanConfig:
     input_format: Literal["auto", "json", "parquet"] = "auto"
     # Parquet input: the table's column for a field, where its name differs, e.g. query=search_terms,ts=event_time
     columns: dict[str, str] = field(default_factory=dict)
-    # auto: local files are read by one Python task each, without the JVM (jobs/clean/filetasks.py); spark: Spark's
-    # readers always (what auto does for hdfs://, s3a://, globs and result rows)
+    # auto: local files are read by Python tasks (small files share one), without the JVM (jobs/clean/filetasks.py);
+    # spark: Spark's readers always (what auto does for hdfs://, s3a://, globs and result rows)
     reader: Literal["auto", "spark"] = "auto"

@@ -7,8 +7,9 @@ Through Spark's readers each row went JVM -> Arrow -> Python and back, and the J
 nested list columns to Parquet: at 1M impressions that was ~9x the CPU of the parsing itself
 (docs/studies/clean-throughput.md, issue 42). Spark still schedules the tasks on whatever master it
 has; the files must be readable where the tasks run, as for any `file:` input. A task reads a run of
-files in name order, about TASK_BYTES of them (fewer where that would leave cores idle): a thousand
-small files are a few tasks and a few scratch and impressions/ files, not a thousand (issue 51).
+files in name order of at most TASK_BYTES (a larger file alone): a thousand small files are one task
+and one scratch and impressions/ file, not a thousand (issue 51). The runs depend on the files' sizes
+only, never on the cores, so a rerun anywhere writes the same files.
 
 Taken for files on the local file system (`file:` after Hadoop qualifies them), JSON lines plain,
 `.gz` or `.bz2`, and Parquet tables of impression rows. Anything else (an `hdfs://` or `s3a://`
@@ -36,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 BATCH = 65_536  # lines or rows per Arrow batch handed to the parser
-TASK_BYTES = 64 << 20  # input bytes a parse task reads at most unless one file is larger
+TASK_BYTES = 16 << 20  # input bytes a parse task reads at most, unless one file is larger
 ROW_GROUP = 262_144  # parsed rows per row group of the scratch
 _CHUNK = 8 << 20  # bytes read from a file at a time
 _BOM = b"\xef\xbb\xbf"
@@ -80,7 +81,7 @@ def parse_files(
     from jobs.spark import python_tasks
 
     scratch.mkdir(parents=True)
-    groups = file_groups([os.path.getsize(path) for _, path in files], spark.sparkContext.defaultParallelism)
+    groups = file_groups([os.path.getsize(path) for _, path in files])
     shared = spark.sparkContext.broadcast((files, groups, str(scratch)))
 
     def task(g: int) -> int:
@@ -102,15 +103,13 @@ def parse_files(
     return python_tasks(spark, len(groups), task)
 
 
-def file_groups(sizes: list[int], cores: int, task_bytes: int = TASK_BYTES) -> list[list[int]]:
+def file_groups(sizes: list[int], task_bytes: int = TASK_BYTES) -> list[list[int]]:
     """The files (their sizes, in name order) as runs of consecutive indices, one parse task each: a
-    run closes at `task_bytes`, or sooner where fewer runs than twice the cores would leave cores idle;
-    every file in exactly one run."""
-    target = max(1, min(task_bytes, sum(sizes) // max(1, 2 * cores)))
+    run closes before it would pass `task_bytes`; every file in exactly one run."""
     groups: list[list[int]] = [[]]
     filled = 0
     for i, size in enumerate(sizes):
-        if groups[-1] and filled + size > target:
+        if groups[-1] and filled + size > task_bytes:
             groups.append([])
             filled = 0
         groups[-1].append(i)

@@ -12,7 +12,7 @@ read = kept + rejected holds exactly (checked before anything is published):
   impressions of which `bot_min_click_rate` of all shown results were clicked).
 
 Lines are parsed and validated by `jobs.clean.rawlog.parse_line` (queries and titles normalised exactly
-as PROTOCOL.md §2) once, into a temporary Parquet file (local files by one Python task each,
+as PROTOCOL.md §2) once, into a temporary Parquet file (local files by Python tasks, small files sharing one,
 `jobs.clean.filetasks`); the rules read only the small columns they need from it, bucketed by hand
 between rounds of Python tasks (`jobs.clean.rules`), and one pass of Python tasks reads the kept lines'
 lists with pyarrow to write `impressions/` and count clicks per pair (`jobs.clean.impressions.scan_file`).
@@ -104,7 +104,7 @@ def parse_input(
 ) -> dict[str, Any]:
     """The input's rows, JSON lines or a Parquet table (jobs/clean/parquetlog.py), parsed into `scratch`
     as PARSED rows; returns what was read ({format, and for a table its shape}). Local files are
-    read by one Python task each (jobs/clean/filetasks.py), anything else by Spark's readers."""
+    read by Python tasks (small files share one; jobs/clean/filetasks.py), anything else by Spark's readers."""
     from jobs.clean.filetasks import json_lines, local_files, parquet_rows, parse_files
     from jobs.clean.parquetlog import impression_batches, input_format, parse_table, read_layout
 
