@@ -130,19 +130,24 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
 
 
 def stop_group(proc, grace: float = 7.0) -> None:
-    """SIGTERM to torchrun and to each of its ranks (torchrun starts every rank in a session of its own,
-    so a signal to torchrun's group would not reach them): each rank marks its run KILLED and leaves
-    its last checkpoint; what is left after `grace` seconds is killed."""
+    """SIGTERM to torchrun, which forwards it to each rank once (a second signal would cut short a rank's
+    own stop): each rank marks its run KILLED and leaves its last checkpoint. torchrun starts every rank
+    in a session of its own, so what is left of torchrun or its ranks after `grace` seconds is killed
+    here, by pid."""
     import psutil
-
-    from core.stopping import end_processes
 
     try:
         torchrun = psutil.Process(proc.pid)
         family = [torchrun, *torchrun.children(recursive=True)]
+        torchrun.terminate()
     except psutil.NoSuchProcess:
         return
-    end_processes(family, wait=grace)
+    _, left = psutil.wait_procs(family, timeout=grace)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def write_resolved(cfg: TrainConfig) -> Path:
