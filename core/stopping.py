@@ -90,11 +90,12 @@ def _deadline(signum: int, grace: float) -> None:
     os._exit(128 + signum)
 
 
-def end_processes(processes: list, wait: float = 3.0) -> None:
-    """Terminate `processes` (psutil.Process); kill those left after `wait` seconds."""
+def end_processes(processes: list, wait: float = 3.0, signalled: list | None = None) -> None:
+    """Terminate `processes` (psutil.Process; only those in `signalled` when given, which pass the
+    signal on to the rest themselves); kill those left after `wait` seconds."""
     import psutil
 
-    for process in processes:
+    for process in processes if signalled is None else signalled:
         with contextlib.suppress(psutil.Error):
             process.terminate()
     _, alive = psutil.wait_procs(processes, timeout=wait)

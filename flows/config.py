@@ -141,7 +141,6 @@ class RunConfig:
 def _refuse_unknown_keys(cls: type) -> None:
     """Prefect validates a deployment's `config` with pydantic, which drops unknown keys of a dataclass
     by default: a stale key (such as the old `train.overrides`) would then run with defaults unnoticed."""
-    import dataclasses
     import typing
 
     cls.__pydantic_config__ = {"extra": "forbid"}

@@ -136,18 +136,14 @@ def stop_group(proc, grace: float = 7.0) -> None:
     here, by pid."""
     import psutil
 
+    from core.stopping import end_processes
+
     try:
         torchrun = psutil.Process(proc.pid)
         family = [torchrun, *torchrun.children(recursive=True)]
-        torchrun.terminate()
     except psutil.NoSuchProcess:
         return
-    _, left = psutil.wait_procs(family, timeout=grace)
-    for process in left:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+    end_processes(family, wait=grace, signalled=[torchrun])
 
 
 def write_resolved(cfg: TrainConfig) -> Path:
