@@ -10,11 +10,12 @@ from core.artifacts import read_manifest
 from core.stage import RunContext, StageOutput, run_data_stage
 
 
-def run(ctx: RunContext, train: list[StageOutput]) -> StageOutput | None:
+def run(ctx: RunContext, train: list[StageOutput], judge: StageOutput | None) -> StageOutput | None:
     """`dssm analyze` of the first recurrent model (against the RNN when one was trained beside it) on
     the judged set's test queries, logged to its training run; None when no recurrent model was trained."""
     from analysis.lstm import RECURRENT
     from analysis.report import AnalyzeConfig, analyze
+    from jobs.judge.config import judged_set
     from modeling.checkpoint import read_checkpoint
 
     checkpoints = [t.path for t in train]
@@ -27,7 +28,7 @@ def run(ctx: RunContext, train: list[StageOutput]) -> StageOutput | None:
     main = next((c for c in recurrent if encoders[c] != "rnn"), recurrent[0])
     compare = next((c for c in recurrent if encoders[c] == "rnn" and c != main), None)
     out = ctx.layout.analyze
-    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=ctx.judged, force=ctx.force)
+    cfg = AnalyzeConfig(model=main, out=out, compare=compare, judgments=judged_set(ctx.judged, judge), force=ctx.force)
 
     def job() -> dict[str, Any]:
         result = analyze(cfg)

@@ -139,6 +139,7 @@ class JudgedSet:
     sha256: str
     name: str  # the MLflow experiment and `dataset` tag of the runs made from it
     embedded: bool = False  # the project's default catalogue
+    graded_from: str = "labels"  # "clicks": graded from the logs by the judge stage (jobs/judge/)
 
     def pairs(self) -> list[JudgedPair]:
         """Its rows, parsed once per process (keyed by content hash: a changed file is read anew)."""
@@ -146,7 +147,9 @@ class JudgedSet:
 
     def describe(self) -> dict[str, Any]:
         """What a manifest records of it."""
-        return {"path": self.path, "sha256": self.sha256, "spec": asdict(self.spec), "embedded_default": self.embedded}
+        described = {"path": self.path, "sha256": self.sha256, "spec": asdict(self.spec)}
+        clicks = {"graded_from": self.graded_from} if self.graded_from != "labels" else {}
+        return described | {"embedded_default": self.embedded} | clicks
 
 
 def resolve_judged_set(

@@ -52,6 +52,15 @@ COMMANDS: dict[str, Command] = {
         "Estimate the examination probability of each rank from a `dssm clean` output's impressions/, by EM under "
         "the position-based model, relative to rank 1; writes propensity.json and a plot. See docs/training.md.",
     ),
+    "judge": Command(
+        "jobs.judge.job",
+        "a judged set graded from the logs' clicks, for logs without human grades (Spark)",
+        "Grade each query's shown titles in a `dssm clean` output's impressions/ by their clicks over expected "
+        "examinations (a `dssm propensity` curve; debias=false: over impressions) on a 1..3 scale, and write "
+        "judged.csv (UTF-8: `dssm evaluate --judgments OUT/judged.csv --encoding utf-8`). Its test queries "
+        "(PROTOCOL.md split) are held out of every "
+        "data stage that training reads. See docs/evaluation.md#judged-sets-from-clicks.",
+    ),
     "paraphrase": Command(
         "jobs.paraphrase.job",
         "sentence pairs (paraphrases) -> the layout of a clean output, for vocab/negatives (Spark)",

@@ -98,7 +98,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             datasets.append(("hybrid_dev", dev["path"], dev["sha256"], "tuning"))
         run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval)
         try:
-            report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval)
+            about = {"path": judged.path, "graded_from": judged.graded_from}
+            report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval, about)
             # The gate logs the report files from the temp dir: the output is published after it.
             gate_on = (catalogue, threshold)
             report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp, gate_on)

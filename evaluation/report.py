@@ -43,9 +43,10 @@ def summarise(eval_set: EvalSet, results: list[SystemResult], relevant_at: float
 def markdown(report: dict[str, Any]) -> str:
     """Table IV: systems by NDCG@1; † marks a significant difference from BM25 (paired t-test, p<0.05)."""
     rows = sorted(report["systems"].items(), key=lambda kv: -kv[1]["ndcg@1"])
+    graded = " graded from clicks" if report.get("judged_set", {}).get("graded_from") == "clicks" else ""
     lines = [
         f"**{report['dataset']}** ({report['split']} split): {report['eval_queries']} queries, "
-        f"{report['eval_pairs']} judged pairs",
+        f"{report['eval_pairs']}{graded} judged pairs",
         "",
         "| system | NDCG@1 | NDCG@3 | NDCG@10 | MRR | MAP |",
         "|---|---|---|---|---|---|",
@@ -135,11 +136,14 @@ def write_report(
     relevant_at: float,
     run_ids: dict[str, str],
     retrieval: dict[str, Any] | None = None,
+    judged_set: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write every report file into `out`; `run_ids` are the systems' MLflow runs; `retrieval` is
-    evaluation/retrieval.py's full-catalogue section."""
+    evaluation/retrieval.py's full-catalogue section; `judged_set` says which judged set decided."""
     out.mkdir(parents=True, exist_ok=True)
     report = summarise(eval_set, results, relevant_at)
+    if judged_set is not None:
+        report["judged_set"] = judged_set
     if retrieval is not None:  # per-query values in a file of their own, for seed-mean paired tests
         systems = {
             name: {k: v for k, v in entry.items() if k != "per_query"} for name, entry in retrieval["systems"].items()

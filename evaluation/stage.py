@@ -9,20 +9,23 @@ from core.artifacts import read_manifest
 from core.stage import RunContext, StageOutput, run_data_stage
 
 
-def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput) -> StageOutput:
+def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge: StageOutput | None) -> StageOutput:
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
     queries of the negatives) against the baselines, then the champion gate; its report.json and
-    gate.json are the flow's report."""
+    gate.json are the flow's report. The judged set is the run's, or the one the judge stage graded
+    from the logs' clicks."""
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
+    from jobs.judge.config import CLICK_SCALE, judged_set
 
     out, section = ctx.layout.evaluate, ctx.cfg.evaluate
+    judged = judged_set(ctx.judged, judge)
     checkpoints = [t.path for t in train]
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:
         cfg = EvaluateConfig(
-            judgments=ctx.judged,
+            judgments=judged,
             out=out,
             models=checkpoints,
             baselines=parse_baselines(",".join(section.baselines)),
@@ -33,6 +36,7 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput) -> St
             force=ctx.force,
             retrieval=section.retrieval,
             gate_metric=section.gate_metric,
+            min_label=CLICK_SCALE[0] if judged.graded_from == "clicks" else None,  # not the set's lowest grade
         )
         reports.append(evaluate(cfg))
         return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}

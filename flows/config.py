@@ -23,6 +23,7 @@ from core.judgments import JudgedSetSpec
 from core.options import leaves
 from evaluation.config import GateMetric
 from jobs.clean.config import CleanConfig
+from jobs.judge.config import JudgeConfig
 from jobs.mine.config import MineConfig
 from jobs.negatives.config import NegativesConfig
 from jobs.propensity.config import PropensityConfig
@@ -85,13 +86,16 @@ class EvaluateSection:
 @dataclass
 class RunConfig:
     workdir: str = "work"  # where stage outputs go (core/layout.py names each stage's directory)
-    logs: str = ""  # raw logs to ingest instead of simulating (file, dir or glob); evaluation then needs judgments
+    # raw logs to ingest instead of simulating (file, dir or glob); without judgments.path they are evaluated on
+    # a judged set graded from their own clicks (the judge stage)
+    logs: str = ""
     window_days: int = 0  # > 0: logs are dt=YYYY-MM-DD partitions; train on the last N days up to run_date
     run_date: str = ""  # YYYY-MM-DD the window ends on (windowed runs); empty: today in UTC
     judgments: JudgmentsSection = field(default_factory=JudgmentsSection)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     propensity: PropensityConfig = field(default_factory=PropensityConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     mine: MineConfig = field(default_factory=MineConfig)

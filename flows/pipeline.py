@@ -63,9 +63,9 @@ class Stage:
         return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
 
 
-def evaluates(ctx: RunContext) -> bool:
-    """Simulated logs are evaluated on their judged set; ingested ones only when a judged set is given."""
-    return bool(ctx.cfg.judgments.path) or not ctx.cfg.logs
+def judges(ctx: RunContext) -> bool:
+    """Ingested logs without a judged set are evaluated on one graded from their own clicks."""
+    return bool(ctx.cfg.logs) and not ctx.cfg.judgments.path
 
 
 PIPELINE: tuple[Stage, ...] = (
@@ -91,6 +91,16 @@ PIPELINE: tuple[Stage, ...] = (
         "the examination probability of each rank (position bias), by EM",
         section="propensity",
         reads=("clean",),
+        retried=True,
+    ),
+    Stage(
+        "judge",
+        "jobs.judge.stage",
+        "a judged set graded from the logs' clicks: held-out test queries to evaluate on, the rest to tune on",
+        section="judge",
+        reads=("clean", "propensity"),
+        when=judges,
+        unless="a judged set given (judgments.path), or simulated logs",
         retried=True,
     ),
     Stage(
@@ -143,10 +153,7 @@ PIPELINE: tuple[Stage, ...] = (
         "evaluation.stage",
         "NDCG against the baselines on the test queries, MLflow runs, registry, champion gate",
         section="evaluate",
-        reads=("train", "negatives"),
-        when=evaluates,
-        unless="raw logs given without judgments.path: nothing to evaluate on",
-        warn_unless=True,
+        reads=("train", "negatives", "judge"),
         retried=True,
     ),
     Stage(
@@ -155,17 +162,17 @@ PIPELINE: tuple[Stage, ...] = (
         "the champion's ANN index over the catalogue, for dssm search",
         section="index",
         reads=("clean",),
-        when=lambda ctx: evaluates(ctx) and ctx.cfg.index_champion,
-        unless="index_champion=false, or no evaluation",
+        when=lambda ctx: ctx.cfg.index_champion,
+        unless="index_champion=false",
         retried=True,
     ),
     Stage(
         "analyze",
         "analysis.stage",
         "what the trained LSTM-RNN reads (Palangi et al. section V-A)",
-        reads=("train",),
-        when=lambda ctx: evaluates(ctx) and ctx.cfg.analyze,
-        unless="analyze=false, or no evaluation",
+        reads=("train", "judge"),
+        when=lambda ctx: ctx.cfg.analyze,
+        unless="analyze=false",
     ),
 )
 

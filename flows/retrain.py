@@ -57,13 +57,18 @@ def exclusive(work: Path) -> Iterator[None]:
 
 def context(cfg: RunConfig) -> RunContext:
     """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks."""
+    from jobs.judge.config import click_judged_set, clicks_dataset_name
     from jobs.simulate.catalogue import DEFAULT_CATALOGUE
 
     layout = Layout(cfg.workdir)
+    if cfg.logs and not cfg.judgments.path:  # graded from the logs' clicks by the judge stage: hashed once written
+        judged = click_judged_set(layout.output("judge"), "", clicks_dataset_name(cfg.logs))
+    else:
+        judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)
     return RunContext(
         cfg=cfg,
         layout=layout,
-        judged=resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE),
+        judged=judged,
         mlflow_uri=cfg.mlflow_uri or default_tracking_uri(layout.workdir),
         master=cfg.spark_master or None,
         window=cfg.window(),
@@ -136,7 +141,9 @@ def flow_run_tags(ctx: RunContext) -> tuple[str, str, dict[str, str]]:
     """This flow run's id, its parent run's name (`flow-NAME`, windowed: `flow-RUN_DATE-NAME`) and tags."""
     name = flow_run.get_name() or "adhoc"
     day = f"{ctx.window[-1]}-" if ctx.window else ""
-    tags = {"prefect.flow_run_name": name, "dataset": ctx.judged.name, "dataset_sha256": ctx.judged.sha256}
+    tags = {"prefect.flow_run_name": name, "dataset": ctx.judged.name}
+    if ctx.judged.sha256:  # a judged set graded from clicks is hashed when the judge stage writes it
+        tags["dataset_sha256"] = ctx.judged.sha256
     if ctx.window:
         tags |= {"window": f"{ctx.window[0]}..{ctx.window[-1]}", "run_date": ctx.window[-1]}
     return flow_run.get_id() or "", f"flow-{day}{name}", tags

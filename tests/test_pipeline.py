@@ -55,11 +55,13 @@ def context(tmp_path: Path, *overrides: str) -> RunContext:
 
 def test_the_progress_total_counts_what_will_run(tmp_path):
     every = ("mine.hard=0.25", "teacher.scorers=[bm25,minilm]")
-    assert planned(PIPELINE, context(tmp_path, *every)) == len(PIPELINE)
-    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 2  # no mine, no teacher
-    # ingested logs without judgments: no simulate, nothing to evaluate, index or analyse; two models
+    assert planned(PIPELINE, context(tmp_path, *every)) == len(PIPELINE) - 1  # simulated logs: no judge
+    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 3  # no mine, no teacher
+    # ingested logs without judgments: no simulate, the judge grades them; two models
     ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]", *every)
-    assert planned(PIPELINE, ingest) == len(PIPELINE) - 4 + 1
+    assert planned(PIPELINE, ingest) == len(PIPELINE) - 1 + 1
+    judged = context(tmp_path, f"logs={tmp_path}", f"judgments.path={tmp_path}", *every)
+    assert planned(PIPELINE, judged) == len(PIPELINE) - 2  # a judged set given: neither simulate nor judge
 
 
 def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():

@@ -116,7 +116,9 @@ def shown_cells(impressions):  # DataFrame -> DataFrame (pyspark is imported laz
 
 def rank_cells(spark, impressions: Path, max_rank: int) -> tuple[Cells, int]:
     """The (query, title, rank) cells of `impressions/` and the number of impressions."""
-    rows = spark.read.parquet(str(impressions))
+    from jobs.spark.heldout import train_queries
+
+    rows = train_queries(spark.read.parquet(str(impressions)))  # test queries' clicks are held out (PROTOCOL.md §3)
     counted = shown_cells(rows).where(f"rank <= {int(max_rank)}")
     table = counted.orderBy("query", "title", "rank").toArrow()
     import pyarrow.compute as pc

@@ -3,8 +3,10 @@
 Users arrive per query with a Zipf popularity; a production ranker shows the query's judged
 titles plus random filler titles in a noisy order; clicks follow a position-based model
 (examination decays with rank, attractiveness grows with the label). Realistic dirt is added at
-the rates of `DirtRates`. Only train queries (PROTOCOL.md §3) are simulated; the test queries'
-graded pairs are written apart as Parquet for evaluation. See docs/simulator.md.
+the rates of `DirtRates`. Only train queries (PROTOCOL.md §3) are simulated, unless `test_traffic`
+asks for the test queries' traffic too (as a team's own log has it; clean and the data stages hold
+those queries out of training, the judge stage grades them); the test queries' graded pairs are
+written apart as Parquet for evaluation. See docs/simulator.md.
 
 Work is split into shards, each a file generated from its own seed in chunks, so memory stays
 bounded at any `impressions` and shards run in parallel processes; output is deterministic for
@@ -119,8 +121,11 @@ def _dirty_title(title: str) -> str:
     return title.upper() if len(title) % 2 else title.replace(" ", "  ")
 
 
-def split_judgments(pairs: list[JudgedPair]) -> tuple[dict[str, dict[str, float]], list[JudgedPair]]:
-    """PROTOCOL.md §3: train queries' titles with mean labels (first-seen query text kept), and test pairs."""
+def split_judgments(
+    pairs: list[JudgedPair], test_traffic: bool = False
+) -> tuple[dict[str, dict[str, float]], list[JudgedPair]]:
+    """PROTOCOL.md §3: the simulated queries' titles with mean labels (first-seen query text kept: train
+    queries, and with `test_traffic` the test queries too), and the test pairs."""
     train: dict[str, dict[str, float]] = {}
     counts: dict[tuple[str, str], int] = {}
     shown_query: dict[str, str] = {}
@@ -131,7 +136,8 @@ def split_judgments(pairs: list[JudgedPair]) -> tuple[dict[str, dict[str, float]
             continue
         if is_test_query(pair.query):
             test.append(pair)
-            continue
+            if not test_traffic:
+                continue
         query = shown_query.setdefault(key, pair.query)
         titles = train.setdefault(query, {})
         n = counts.get((query, pair.title), 0)
@@ -434,12 +440,13 @@ def simulate(
         "gzip": cfg.gzip,
         **({"log_format": cfg.log_format} if cfg.log_format != 1 else {}),  # v1 outputs keep their input key
         **({"day": cfg.day} if cfg.day else {}),
+        **({"test_traffic": True} if cfg.test_traffic else {}),  # earlier outputs keep their input key
         "click_model": asdict(cfg.model),
         "dirt": asdict(cfg.dirt),
     }
 
     def build(tmp: Path) -> dict[str, Any]:
-        train, test = split_judgments(pairs)
+        train, test = split_judgments(pairs, cfg.test_traffic)
         cat = build_catalogue(train, cfg.seed, cfg.model.promoted_brands)
         shards = cfg.shard_count()
         suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
@@ -455,13 +462,15 @@ def simulate(
         write_test_pairs(test, tmp / "test_pairs.parquet")
         if cfg.log_format == 2:
             write_catalogue(cat, tmp / CATALOGUE_FILE)
+        test_queries = len({norm(p.query) for p in test})
         return {
             "format": f"dssm.impressions/{cfg.log_format}",
             "counts": {
                 **totals,
-                "train_queries": len(cat.queries),
+                "train_queries": len(cat.queries) - (test_queries if cfg.test_traffic else 0),
                 "train_titles": len(cat.title_json),
-                "test_queries": len({norm(p.query) for p in test}),
+                "test_queries": test_queries,
+                **({"test_queries_simulated": test_queries} if cfg.test_traffic else {}),
                 "test_pairs": len(test),
             },
         }

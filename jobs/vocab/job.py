@@ -22,6 +22,7 @@ from core.artifacts import code_fingerprint, publish, require_manifest
 from core.schemas import VOCAB
 from core.text import WORD_BOUNDARY
 from jobs.spark import cluster_errors, write_parquet
+from jobs.spark.heldout import train_queries
 from jobs.vocab.config import VocabConfig
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def vocab(
     inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
 
     def build(tmp: Path) -> dict[str, Any]:
-        text = texts(spark.read.parquet(str(clean_dir / "pairs")), spark.read.parquet(str(clean_dir / "titles")))
+        pairs = train_queries(spark.read.parquet(str(clean_dir / "pairs")))  # no test query's text (PROTOCOL.md §3)
+        text = texts(pairs, spark.read.parquet(str(clean_dir / "titles")))
         summary = {}
         for name, counts, min_count, max_size in [
             ("trigrams", trigram_counts(text), cfg.min_count, cfg.max_size),

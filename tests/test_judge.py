@@ -1,0 +1,142 @@
+"""The judge stage: a judged set graded from a log's own clicks, its held-out test queries kept out of
+every data stage that training reads, and `dssm run --logs` without a judged set evaluating, gating
+and indexing on it (issue 50)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from core.text import is_test_query
+from jobs.simulate.config import SimulationConfig
+
+SOURCE = {"path": "default", "sha256": "default"}
+
+
+@pytest.fixture(scope="module")
+def team_log(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
+    """A log with the test queries' traffic in it, as a team's own log has, cleaned."""
+    from jobs.clean.job import clean
+    from jobs.propensity.job import propensity
+    from jobs.simulate.job import simulate
+
+    work = tmp_path_factory.mktemp("team-log")
+    cfg = SimulationConfig(impressions=20_000, shards=2, workers=1, test_traffic=True)
+    simulate(default_pairs, work / "simulate", cfg, SOURCE)
+    clean(spark, str(work / "simulate"), work / "clean")
+    propensity(spark, work / "clean", work / "propensity")
+    return {stage: work / stage for stage in ("simulate", "clean", "propensity")}
+
+
+def test_the_spark_split_is_the_protocols(spark):
+    from pyspark.sql import functions as F
+
+    from jobs.spark.heldout import is_test_query as spark_test_query
+
+    rng = random.Random(0)
+    words = ["drill", "ñandú", "2x4", "café", "日本", "a", "", "cordless", "x" * 60]
+    queries = [" ".join(rng.sample(words, rng.randint(1, 4))) for _ in range(400)]
+    frame = spark.createDataFrame([(q,) for q in queries], "query string")
+    got = dict(frame.select("query", spark_test_query(F.col("query")).alias("t")).toLocalIterator())
+    assert {q: got[q] for q in queries} == {q: is_test_query(q) for q in queries}
+    assert 0.1 < sum(got.values()) / len(got) < 0.3  # a fifth, as PROTOCOL.md §3 splits
+
+
+def test_clicks_grade_the_logs_queries_and_their_test_queries_never_reach_training(spark, team_log, tmp_path):
+    from jobs.judge.config import JudgeConfig
+    from jobs.judge.job import judge
+    from jobs.negatives.config import NegativesConfig
+    from jobs.negatives.job import negatives
+    from jobs.vocab.config import VocabConfig
+    from jobs.vocab.job import vocab
+
+    clean_dir = team_log["clean"]
+    shown = {r["query"] for r in pq.read_table(clean_dir / "impressions", columns=["query"]).to_pylist()}
+    held_out = {q for q in shown if is_test_query(q)}
+    assert held_out, "the simulated log carries test-query traffic"
+
+    manifest = judge(spark, clean_dir, tmp_path / "judge", propensity_dir=team_log["propensity"])
+    c = manifest["counts"]
+    assert c["queries_seen"] == len(shown) == c["queries"] + c["few_impressions"] + c["no_click"] + c["one_title"]
+    with open(tmp_path / "judge" / "judged.csv", encoding="utf-8", newline="") as f:
+        judged = list(csv.DictReader(f))
+    assert len(judged) == c["pairs"] and {r["search_term"] for r in judged} <= shown
+    grades = [float(r["relevance"]) for r in judged]
+    assert min(grades) >= 1.0 and max(grades) <= 3.0 and len(set(grades)) > 10
+    tested = {r["search_term"] for r in judged if is_test_query(r["search_term"])}
+    assert len(tested) == c["test_queries"] > 0
+    # the grades follow the hidden labels: a query's top-graded title is judged more relevant than its lowest
+    labels = {}
+    from core.judgments import read_judgments
+    from core.text import norm
+    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+
+    for p in read_judgments(DEFAULT_CATALOGUE):
+        labels[(norm(p.query), norm(p.title))] = p.label
+    by_query: dict[str, list[tuple[float, float]]] = {}
+    for r in judged:
+        label = labels.get((r["search_term"], r["product_title"]))
+        if label is not None:
+            by_query.setdefault(r["search_term"], []).append((float(r["relevance"]), label))
+    agree = [max(g)[1] >= min(g)[1] for g in by_query.values() if len(g) >= 2]
+    assert sum(agree) / len(agree) > 0.8
+    # raw CTR grades the same pairs without the curve; an unchanged input is not recomputed
+    raw = judge(spark, clean_dir, tmp_path / "raw", JudgeConfig(debias=False))
+    assert raw["counts"]["queries_seen"] == c["queries_seen"] and "propensity" not in raw["inputs"]
+    assert judge(spark, clean_dir, tmp_path / "judge", propensity_dir=team_log["propensity"])["skipped"]
+
+    # the leakage guard: no test query's clicks reach the vocabulary, the negatives or the position-bias curve
+    built = negatives(spark, clean_dir, tmp_path / "negatives", NegativesConfig(shards=2))
+    trained_on = {q for split in ("train", "valid") for q in _queries(tmp_path / "negatives" / split)}
+    assert trained_on and not {q for q in trained_on if is_test_query(q)}
+    assert built["counts"]["held_out_queries"] == len({q for q in held_out if q in _queries(clean_dir / "pairs")})
+    vocab(spark, clean_dir, tmp_path / "vocab", VocabConfig(word_min_count=1))  # a word seen once would count
+    words = {r["token"] for r in pq.read_table(tmp_path / "vocab" / "words").to_pylist()}
+    titles = {w for r in pq.read_table(clean_dir / "titles", columns=["title"]).to_pylist() for w in r["title"].split()}
+    only_in_test_queries = (
+        {w for q in held_out for w in q.split()} - titles - {w for q in trained_on for w in q.split()}
+    )
+    assert only_in_test_queries and not (words & only_in_test_queries)
+    curve = json.loads((team_log["propensity"] / "propensity.json").read_text())
+    kept = pq.read_table(clean_dir / "impressions", columns=["query"]).column("query").to_pylist()
+    assert curve["impressions"] == sum(not is_test_query(q) for q in kept)
+
+
+def _queries(parquet: Path) -> set[str]:
+    return set(pq.read_table(parquet, columns=["query"]).column("query").to_pylist())
+
+
+@pytest.mark.integration
+def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_clicks(team_log, tmp_path, capsys):
+    import mlflow
+
+    from dssm.cli import main
+
+    work = tmp_path / "w"
+    args = ["run", "--workdir", str(work), "--logs", str(team_log["simulate"]), "--workers", "1"]
+    args += ["evaluate.fusions=[MODEL+bm25]", "--train", "data.batch_size=64", "model.ncell=16", "epochs=2"]
+    assert main(args) == 0
+    report = json.loads((work / "report.json").read_text())
+    assert report["dataset"] == "simulate-clicks" and report["eval_queries"] > 0
+    assert report["judged_set"] == {"path": str(work / "judge" / "judged.csv"), "graded_from": "clicks"}
+    stages = {s["stage"]: s for s in report["pipeline"]["stages"]}
+    assert list(stages) == ["clean", "propensity", "judge", "vocab", "negatives", "train", "evaluate", "index",
+                            "analyze"]  # fmt: skip
+    assert stages["judge"]["counts"]["test_queries"] >= report["eval_queries"]
+    assert report["retrieval"]["queries"] == report["eval_queries"] and report["gate"]
+    assert "graded from clicks judged pairs" in capsys.readouterr().out
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    champion = client.get_model_version_by_alias("dssm-simulate-clicks", "champion")
+    assert json.loads((work / "index" / "model.json").read_text())["version"] == champion.version
+    evaluated = mlflow.search_runs(experiment_names=["simulate-clicks"], filter_string="tags.system = 'bm25'",
+                                   output_format="list")  # fmt: skip
+    inputs = [d.dataset for d in evaluated[0].inputs.dataset_inputs]
+    assert inputs[0].name == "simulate-clicks" and str(work / "judge" / "judged.csv") in inputs[0].source
+    analysis = json.loads((work / "analysis" / "analysis.json").read_text())
+    assert analysis["test_queries"]["queries"] == report["eval_queries"]
