@@ -143,6 +143,8 @@ class JudgedSet:
 
     def pairs(self) -> list[JudgedPair]:
         """Its rows, parsed once per process (keyed by content hash: a changed file is read anew)."""
+        if not self.sha256:
+            raise DssmError(f"judged set {self.name} is not written yet ({self.path})")
         return list(_read_cached(self.path, self.spec, self.sha256))
 
     def describe(self) -> dict[str, Any]:

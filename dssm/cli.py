@@ -57,8 +57,8 @@ COMMANDS: dict[str, Command] = {
         "a judged set graded from the logs' clicks, for logs without human grades (Spark)",
         "Grade each query's shown titles in a `dssm clean` output's impressions/ by their clicks over expected "
         "examinations (a `dssm propensity` curve; debias=false: over impressions) on a 1..3 scale, and write "
-        "judged.csv (UTF-8: `dssm evaluate --judgments OUT/judged.csv --encoding utf-8`). Its test queries "
-        "(PROTOCOL.md split) are held out of every "
+        "judged.csv (the flow evaluates it as `dssm evaluate --judgments OUT/judged.csv --encoding utf-8 "
+        "--min-label 1 --relevant-at 2.5`). Its test queries (PROTOCOL.md split) are held out of every "
         "data stage that training reads. See docs/evaluation.md#judged-sets-from-clicks.",
     ),
     "paraphrase": Command(

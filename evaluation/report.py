@@ -43,10 +43,10 @@ def summarise(eval_set: EvalSet, results: list[SystemResult], relevant_at: float
 def markdown(report: dict[str, Any]) -> str:
     """Table IV: systems by NDCG@1; † marks a significant difference from BM25 (paired t-test, p<0.05)."""
     rows = sorted(report["systems"].items(), key=lambda kv: -kv[1]["ndcg@1"])
-    graded = " graded from clicks" if report.get("judged_set", {}).get("graded_from") == "clicks" else ""
+    graded = " (graded from clicks)" if report.get("judged_set", {}).get("graded_from") == "clicks" else ""
     lines = [
         f"**{report['dataset']}** ({report['split']} split): {report['eval_queries']} queries, "
-        f"{report['eval_pairs']}{graded} judged pairs",
+        f"{report['eval_pairs']} judged pairs{graded}",
         "",
         "| system | NDCG@1 | NDCG@3 | NDCG@10 | MRR | MAP |",
         "|---|---|---|---|---|---|",

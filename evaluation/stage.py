@@ -16,7 +16,7 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     from the logs' clicks."""
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
-    from jobs.judge.config import CLICK_SCALE, judged_set
+    from jobs.judge.config import CLICK_RELEVANT, CLICK_SCALE, judged_set
 
     out, section = ctx.layout.evaluate, ctx.cfg.evaluate
     judged = judged_set(ctx.judged, judge)
@@ -36,7 +36,9 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
             force=ctx.force,
             retrieval=section.retrieval,
             gate_metric=section.gate_metric,
-            min_label=CLICK_SCALE[0] if judged.graded_from == "clicks" else None,  # not the set's lowest grade
+            # the scale's, not the set's lowest and highest grades: a night whose grades miss an end scores alike
+            min_label=CLICK_SCALE[0] if judged.graded_from == "clicks" else None,
+            relevant_at=CLICK_RELEVANT if judged.graded_from == "clicks" else None,
         )
         reports.append(evaluate(cfg))
         return read_manifest(out) | {"skipped": bool(reports[0].get("skipped"))}

@@ -126,6 +126,11 @@ class RunConfig:
     def flat(self) -> dict[str, Any]:
         return flat(self)
 
+    def judged_by_clicks(self) -> bool:
+        """Ingested logs without a judged set are evaluated on one the judge stage grades from their clicks
+        (which needs clean's impressions/)."""
+        return bool(self.logs) and not self.judgments.path and self.clean.impressions
+
     def absolute(self) -> RunConfig:
         """Paths made absolute: scheduled runs start in subprocesses whose cwd is not the user's."""
         from dataclasses import replace

@@ -63,9 +63,10 @@ class Stage:
         return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
 
 
-def judges(ctx: RunContext) -> bool:
-    """Ingested logs without a judged set are evaluated on one graded from their own clicks."""
-    return bool(ctx.cfg.logs) and not ctx.cfg.judgments.path
+def evaluates(ctx: RunContext) -> bool:
+    """Simulated logs are evaluated on their judged set, ingested ones on the given one or, without one,
+    on the judge stage's grades from their clicks (not when clean keeps no impressions to grade)."""
+    return not ctx.cfg.logs or bool(ctx.cfg.judgments.path) or ctx.cfg.judged_by_clicks()
 
 
 PIPELINE: tuple[Stage, ...] = (
@@ -99,8 +100,8 @@ PIPELINE: tuple[Stage, ...] = (
         "a judged set graded from the logs' clicks: held-out test queries to evaluate on, the rest to tune on",
         section="judge",
         reads=("clean", "propensity"),
-        when=judges,
-        unless="a judged set given (judgments.path), or simulated logs",
+        when=lambda ctx: ctx.cfg.judged_by_clicks(),
+        unless="a judged set given (judgments.path), simulated logs, or clean.impressions=false",
         retried=True,
     ),
     Stage(
@@ -154,6 +155,9 @@ PIPELINE: tuple[Stage, ...] = (
         "NDCG against the baselines on the test queries, MLflow runs, registry, champion gate",
         section="evaluate",
         reads=("train", "negatives", "judge"),
+        when=evaluates,
+        unless="raw logs without judgments.path and clean.impressions=false: no judged set to evaluate on",
+        warn_unless=True,
         retried=True,
     ),
     Stage(
@@ -162,8 +166,8 @@ PIPELINE: tuple[Stage, ...] = (
         "the champion's ANN index over the catalogue, for dssm search",
         section="index",
         reads=("clean",),
-        when=lambda ctx: ctx.cfg.index_champion,
-        unless="index_champion=false",
+        when=lambda ctx: evaluates(ctx) and ctx.cfg.index_champion,
+        unless="index_champion=false, or no evaluation",
         retried=True,
     ),
     Stage(
@@ -171,8 +175,8 @@ PIPELINE: tuple[Stage, ...] = (
         "analysis.stage",
         "what the trained LSTM-RNN reads (Palangi et al. section V-A)",
         reads=("train", "judge"),
-        when=lambda ctx: ctx.cfg.analyze,
-        unless="analyze=false",
+        when=lambda ctx: evaluates(ctx) and ctx.cfg.analyze,
+        unless="analyze=false, or no evaluation",
     ),
 )
 

@@ -61,7 +61,7 @@ def context(cfg: RunConfig) -> RunContext:
     from jobs.simulate.catalogue import DEFAULT_CATALOGUE
 
     layout = Layout(cfg.workdir)
-    if cfg.logs and not cfg.judgments.path:  # graded from the logs' clicks by the judge stage: hashed once written
+    if cfg.judged_by_clicks():  # graded from the logs' clicks by the judge stage: hashed once written
         judged = click_judged_set(layout.output("judge"), "", clicks_dataset_name(cfg.logs))
     else:
         judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)

@@ -15,7 +15,8 @@
 Decided before the runs (issue 50's bars): the click-derived set is usable for the gate when τ ≥ 0.8
 at NDCG@10 and at retrieval NDCG@10 and both sets pick the same champion; goal τ ≥ 0.9, and the
 debiased grades at least as close to the human ranking as raw CTR. Finished stages are kept: a rerun
-redoes nothing that is up to date. Writes WORKDIR/agreement.json and prints the tables.
+redoes nothing that is up to date. Writes WORKDIR/agreement.json and WORKDIR/agreement.png (each system's
+NDCG@10 by human grades against by click grades; BENCHMARKS.md's figure) and prints the tables.
 """
 
 from __future__ import annotations
@@ -55,15 +56,21 @@ def main() -> None:
         sys.exit(f"{args.judgments} not found: this study needs ../shared/data (see README)")
     work = args.workdir.resolve()
     layout = Layout(work)
-    dssm("run", "--config", str(TABLE4 / "lstm.yaml"), "--workdir", str(work), "--judgments", str(args.judgments),
-         "simulate.test_traffic=true", f"train.models=[{','.join(ENCODERS)}]", "--epochs", str(args.epochs),
-         "--no-index", "--no-analyze", "evaluate.fusions=[MODEL+bm25]", "evaluate.retrieval=false",
-         "evaluate.gate_metric=ndcg@10")  # fmt: skip
+    keys = [
+        "simulate.test_traffic=true",
+        f"train.models=[{','.join(ENCODERS)}]",
+        f"train.epochs={args.epochs}",
+        "evaluate.fusions=[MODEL+bm25]",
+        "evaluate.retrieval=false",
+        "evaluate.gate_metric=ndcg@10",
+    ]
+    dssm("run", *keys, "--config", str(TABLE4 / "lstm.yaml"), "--workdir", str(work), "--judgments",
+         str(args.judgments), "--no-index", "--no-analyze")  # fmt: skip
     judged = {"human": (args.judgments, [])}
     for name, debias in (("clicks", "--debias"), ("ctr", "--no-debias")):
         out = work / f"judge-{name}"
         dssm("judge", "--clean", str(layout.clean), "--propensity", str(layout.propensity), "--out", str(out), debias)
-        judged[name] = (out / "judged.csv", ["--encoding", "utf-8"])
+        judged[name] = (out / "judged.csv", ["--encoding", "utf-8", "--min-label", "1", "--relevant-at", "2.5"])
     store = f"sqlite:///{layout.mlflow_db}"
     reports = {}
     for name, (path, spec) in judged.items():
@@ -75,7 +82,9 @@ def main() -> None:
         reports[name] = json.loads((out / "report.json").read_text())
     result = agreement(reports)
     (work / "agreement.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, work / "agreement.png")
     print(markdown(result))
+    print(f"figure: {work / 'agreement.png'}")
 
 
 def agreement(reports: dict[str, dict]) -> dict:
@@ -91,6 +100,31 @@ def agreement(reports: dict[str, dict]) -> dict:
                 tau[name][m] = round(float(stats.kendalltau(human, clicks).statistic), 3)
     champions = {n: {m: max(CANDIDATES, key=lambda s: values[n][m][s]) for m in GATE_METRICS} for n in reports}
     return {"systems": list(SYSTEMS), "queries": queries, "values": values, "tau": tau, "champions": champions}
+
+
+def plot(result: dict, path: Path) -> None:
+    """Each system's NDCG@10 by human grades (x) against by click grades (y), re-ranking and retrieval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    for ax, metric in zip(axes, GATE_METRICS, strict=True):
+        human = result["values"]["human"][metric]
+        for name, marker in (("clicks", "o"), ("ctr", "x")):
+            ax.scatter([human[s] for s in SYSTEMS], [result["values"][name][metric][s] for s in SYSTEMS], marker=marker,
+                       label=f"{name} (τ = {result['tau'][name][metric]:.2f})")  # fmt: skip
+        for s in SYSTEMS:
+            ax.annotate(s, (human[s], result["values"]["clicks"][metric][s]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+        ax.set(xlabel=f"{metric}, human grades", ylabel=f"{metric}, grades from clicks", title=metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Home Depot: systems ranked by human grades and by grades from the simulated clicks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(result: dict) -> str:

@@ -30,18 +30,26 @@ def check_config(cfg: JudgeConfig) -> None:
 
 JUDGED_FILE = "judged.csv"  # in the judge stage's output directory
 CLICK_SCALE = (1.0, 3.0)  # the grades' scale: never clicked .. clicked whenever examined (Home Depot's 1..3)
+CLICK_RELEVANT = 2.5  # the midpoint of the scale, as Home Depot's: what counts as relevant for MRR, MAP and recall
+CLICK_SPEC = JudgedSetSpec(encoding="utf-8")  # how judged.csv is written and read: Home Depot's column names, UTF-8
 
 
 def click_judged_set(output: str | Path, sha256: str, name: str) -> JudgedSet:
-    """The judged set a judge stage wrote to `output` (its content hash `sha256`), read as it was
-    written: Home Depot's column names, UTF-8."""
-    spec = JudgedSetSpec(encoding="utf-8")
-    return JudgedSet(str(Path(output) / JUDGED_FILE), spec, sha256, name, graded_from="clicks")
+    """The judged set a judge stage wrote to `output` (judged.csv's sha256; "" before it is written),
+    read as it was written: Home Depot's column names, UTF-8."""
+    return JudgedSet(str(Path(output) / JUDGED_FILE), CLICK_SPEC, sha256, name, graded_from="clicks")
 
 
 def judged_set(run_judged: JudgedSet, judge: StageOutput | None) -> JudgedSet:
     """What a stage evaluates on: the run's judged set, or the one the judge stage graded (named as the run's)."""
-    return run_judged if judge is None else click_judged_set(judge.path, judge.sha256, run_judged.name)
+    if judge is None:
+        return run_judged
+    from core.artifacts import read_manifest
+
+    file_sha256 = read_manifest(Path(judge.path))["file_sha256"][
+        JUDGED_FILE
+    ]  # as `dssm evaluate` of the file hashes it
+    return click_judged_set(judge.path, file_sha256, run_judged.name)
 
 
 def clicks_dataset_name(logs: str) -> str:

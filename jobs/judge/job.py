@@ -5,7 +5,8 @@ over expected examinations Σ θ(rank) (θ: the propensity stage's curve), or wi
 over impressions (raw CTR). The grade is on Home Depot's scale, `1 + 2·min(1, rate)` (1: never
 clicked, 3: clicked whenever examined), so PROTOCOL.md's NDCG, relevance threshold (2.5) and reports
 apply unchanged. A title shown fewer than `min_shown` times for a query is left out; so is a query
-with fewer than `min_impressions` impressions, no click, or fewer than two graded titles.
+with fewer than `min_impressions` impressions, no title shown `min_shown` times, no click, or fewer
+than two graded titles (each counted in the manifest).
 
 Every query of the log is graded. Its test queries (PROTOCOL.md §3) are the held-out evaluation
 queries: the data stages that training reads leave them out (jobs/spark/heldout.py). The train
@@ -23,17 +24,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.errors import DssmError
 from core.text import is_test_query
-from jobs.judge.config import CLICK_SCALE, JUDGED_FILE, JudgeConfig, check_config, click_judged_set
+from jobs.judge.config import CLICK_SCALE, CLICK_SPEC, JUDGED_FILE, JudgeConfig, check_config
 from jobs.negatives.job import examination_curve, examined_pairs
 from jobs.spark import cluster_errors
 
 log = logging.getLogger(__name__)
-SPEC = click_judged_set(".", "", "").spec  # how judged.csv is read back: Home Depot's column names, UTF-8
 
 
 def judge(
@@ -62,27 +63,37 @@ def judge(
 
     def build(tmp: Path) -> dict[str, Any]:
         impressions = spark.read.parquet(str(clean_dir / "impressions"))
-        per_query = impressions.groupBy("query").agg(F.count("*").alias("impressions"))
-        shown = examined_pairs(impressions, theta).where(F.col("shown") >= cfg.min_shown)
         low, high = CLICK_SCALE
-        grade = low + (high - low) * F.least(F.col("relevance"), F.lit(1.0))
-        graded = shown.select("query", "title", "clicks", F.round(grade, 6).alias("grade"))
-        queries = per_query.join(
-            graded.groupBy("query").agg(F.count("*").alias("titles"), F.sum("clicks").alias("clicks")), "query", "left"
-        ).toArrow()
-        kept, counts = _kept_queries(queries.to_pylist(), cfg.min_impressions)
-        rows = graded.orderBy("query", "title").select("query", "title", "grade").toArrow().to_pylist()
-        rows = [r for r in rows if r["query"] in kept]
-        with open(tmp / JUDGED_FILE, "w", encoding=SPEC.encoding, newline="") as f:
+        grade = F.round(low + (high - low) * F.least(F.col("relevance"), F.lit(1.0)), 6).alias("grade")
+        graded = examined_pairs(impressions, theta).where(F.col("shown") >= cfg.min_shown)
+        graded = graded.select("query", "title", "clicks", grade)
+        queries = impressions.groupBy("query").agg(F.count("*").alias("impressions"))
+        per_query = graded.groupBy("query").agg(F.count("*").alias("titles"), F.sum("clicks").alias("clicks"))
+        queries = queries.join(per_query, "query", "left").select("query", _reason(cfg).alias("reason")).persist()
+        counts = {reason: 0 for reason in REASONS} | {
+            r["reason"]: r["count"] for r in queries.groupBy("reason").count().collect()
+        }
+        kept = queries.where(F.col("reason") == "graded").select("query")
+        rows = graded.join(kept, "query").orderBy("query", "title").select("query", "title", "grade")
+        pairs = test_pairs = 0
+        test_queries: set[str] = set()
+        with open(tmp / JUDGED_FILE, "w", encoding=CLICK_SPEC.encoding, newline="") as f:
             writer = csv.writer(f)
-            writer.writerow([SPEC.query_col, SPEC.title_col, SPEC.label_col])
-            writer.writerows([r["query"], r["title"], r["grade"]] for r in rows)
-        test = [r for r in rows if r["query"] in kept and is_test_query(r["query"])]
-        counts |= {"pairs": len(rows), "test_pairs": len(test), "test_queries": len({r["query"] for r in test})}
+            writer.writerow([CLICK_SPEC.query_col, CLICK_SPEC.title_col, CLICK_SPEC.label_col])
+            for row in rows.toLocalIterator():  # streamed: a big log's judged set never sits in the driver at once
+                writer.writerow(row)
+                pairs += 1
+                if is_test_query(row["query"]):
+                    test_pairs += 1
+                    test_queries.add(row["query"])
+        queries.unpersist()
+        counts = {"queries_seen": sum(counts.values()), "queries": counts.pop("graded"), **counts}
+        counts |= {"pairs": pairs, "test_pairs": test_pairs, "test_queries": len(test_queries)}
         log.info(
             "judge: %(queries)d queries graded (%(test_queries)d held-out test queries), %(pairs)d pairs; left out: "
-            "%(few_impressions)d with few impressions, %(no_click)d without a click, %(one_title)d with one title",
-            counts,
+            "%(few_impressions)d with few impressions, %(few_shown)d with no title shown %(min_shown)d times, "
+            "%(no_click)d without a click, %(one_title)d with one title",
+            counts | {"min_shown": cfg.min_shown},
         )
         return {"counts": counts, "outputs": {"judged": JUDGED_FILE}, "scale": _scale(cfg)}
 
@@ -90,21 +101,18 @@ def judge(
         return publish(out, "judge", code_fingerprint(__name__), inputs, asdict(cfg), build, force, upstream=upstreams)
 
 
-def _kept_queries(queries: list[dict[str, Any]], min_impressions: int) -> tuple[set[str], dict[str, int]]:
-    """The queries that keep their grades, and why the others were left out (each counted once)."""
-    kept: set[str] = set()
-    counts = {"queries_seen": len(queries), "few_impressions": 0, "no_click": 0, "one_title": 0}
-    for q in queries:
-        if q["impressions"] < min_impressions:
-            counts["few_impressions"] += 1
-        elif not q["clicks"]:
-            counts["no_click"] += 1
-        elif (q["titles"] or 0) < 2:
-            counts["one_title"] += 1
-        else:
-            kept.add(q["query"])
-    counts["queries"] = len(kept)
-    return kept, counts
+REASONS = ("graded", "few_impressions", "few_shown", "no_click", "one_title")  # why a query is in or out
+
+
+def _reason(cfg: JudgeConfig) -> Column:
+    """Why a query keeps its grades ("graded") or is left out: the first of REASONS' checks it fails."""
+    return (
+        F.when(F.col("impressions") < cfg.min_impressions, "few_impressions")
+        .when(F.col("titles").isNull(), "few_shown")
+        .when(F.col("clicks") == 0, "no_click")
+        .when(F.col("titles") < 2, "one_title")
+        .otherwise("graded")
+    )
 
 
 def _scale(cfg: JudgeConfig) -> str:

@@ -49,7 +49,7 @@ from core.schemas import NEGATIVES
 from jobs.negatives.config import NegativesConfig
 from jobs.propensity.job import shown_cells
 from jobs.spark import cluster_errors, distinct_count, write_parquet
-from jobs.spark.heldout import is_test_query, train_queries
+from jobs.spark.heldout import test_query_column, train_queries
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS = 6
@@ -292,11 +292,12 @@ def negatives(
     def build(tmp: Path) -> dict[str, Any]:
         # a log's test queries are held out (PROTOCOL.md §3): the judge stage grades them
         clicked = spark.read.parquet(str(clean_dir / "pairs"))
-        pairs = train_queries(clicked)
+        pairs = train_queries(clicked, upstream)
         titles = spark.read.parquet(str(clean_dir / "titles"))
         rows = sample_negatives(pairs, titles, cfg)
         counts: dict[str, Any] = {}
-        impressions = train_queries(spark.read.parquet(str(clean_dir / "impressions"))) if reads_impressions else None
+        impressions = spark.read.parquet(str(clean_dir / "impressions")) if reads_impressions else None
+        impressions = train_queries(impressions, upstream) if impressions is not None else None
         if cfg.skip_above and cfg.n:
             rows = mix_skipped(rows, skipped_above(impressions, pairs), cfg).persist()
             counts["skip_above_negatives"] = rows.agg(F.sum("skip_above")).first()[0] or 0
@@ -311,7 +312,9 @@ def negatives(
             counts[f"{split}_rows"] = write_parquet(ordered, tmp / split, NEGATIVES)
             counts[f"{split}_queries"] = distinct_count(tmp / split, "query")
         counts["pool_titles"] = upstream["counts"]["titles"]
-        counts["held_out_queries"] = clicked.where(is_test_query(F.col("query"))).select("query").distinct().count()
+        if upstream.get("kind") != "paraphrase":
+            held_out = clicked.where(test_query_column(F.col("query")))
+            counts["held_out_queries"] = held_out.select("query").distinct().count()
         # Drop the sampling rounds' persisted rows: a later job in this session that reads the same
         # paths after they were rewritten (the next night's window) would otherwise get them back.
         spark.catalog.clearCache()

@@ -65,8 +65,9 @@ class SimulationConfig:
     # YYYY-MM-DD: simulate that one day into the date partition OUT/dt=YYYY-MM-DD (OUT: a log root that
     # days are appended to; each day has its own seed and impression ids)
     day: str = ""
-    # also simulate traffic of the test queries (PROTOCOL.md §3), as a team's own log has it: what the judge
-    # stage grades when no judged set is given; the data stages leave those queries out of training
+    # also simulate traffic of the test queries (PROTOCOL.md §3), as a team's own log has it: a log to give as
+    # `--logs` without judgments (the judge stage grades it), or to check click grades against the judged set;
+    # vocab, propensity and negatives leave those queries out of training
     test_traffic: bool = False
     model: ClickModel = field(default_factory=ClickModel)
     dirt: DirtRates = field(default_factory=DirtRates)

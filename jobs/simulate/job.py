@@ -4,8 +4,8 @@ Users arrive per query with a Zipf popularity; a production ranker shows the que
 titles plus random filler titles in a noisy order; clicks follow a position-based model
 (examination decays with rank, attractiveness grows with the label). Realistic dirt is added at
 the rates of `DirtRates`. Only train queries (PROTOCOL.md §3) are simulated, unless `test_traffic`
-asks for the test queries' traffic too (as a team's own log has it; clean and the data stages hold
-those queries out of training, the judge stage grades them); the test queries' graded pairs are
+asks for the test queries' traffic too (as a team's own log has it; vocab, propensity and negatives
+hold those queries out of training, the judge stage grades them); the test queries' graded pairs are
 written apart as Parquet for evaluation. See docs/simulator.md.
 
 Work is split into shards, each a file generated from its own seed in chunks, so memory stays

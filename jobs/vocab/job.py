@@ -90,7 +90,7 @@ def vocab(
     inputs = {"clean": {"path": str(clean_dir), "sha256": upstream["content_sha256"]}}
 
     def build(tmp: Path) -> dict[str, Any]:
-        pairs = train_queries(spark.read.parquet(str(clean_dir / "pairs")))  # no test query's text (PROTOCOL.md §3)
+        pairs = train_queries(spark.read.parquet(str(clean_dir / "pairs")), upstream)  # no test query's text
         text = texts(pairs, spark.read.parquet(str(clean_dir / "titles")))
         summary = {}
         for name, counts, min_count, max_size in [
