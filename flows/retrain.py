@@ -106,6 +106,10 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
             if stage.trains_on:  # what the models train on (the last of them that ran)
                 mlflow_client(ctx.mlflow_uri).set_tag(parent, "data_version", out.sha256)
+            if stage.name == "judge":  # the judged set graded from clicks, hashed now that it is written
+                from jobs.judge.config import judged_set
+
+                mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", judged_set(ctx.judged, out).sha256)
 
         try:
             with nested_under(parent):

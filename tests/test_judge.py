@@ -5,6 +5,7 @@ and indexing on it (issue 50)."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -131,6 +132,10 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     assert "judged pairs (graded from clicks)" in capsys.readouterr().out
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     client = mlflow.MlflowClient()
+    parent = client.get_run(report["pipeline"]["mlflow_parent_run_id"])
+    judged_sha256 = hashlib.sha256((work / "judge" / "judged.csv").read_bytes()).hexdigest()
+    assert parent.data.tags["dataset"] == "simulate-clicks" and parent.data.tags["dataset_sha256"] == judged_sha256
+    assert report["dataset_sha256"] == judged_sha256  # what `dssm evaluate --judgments judge/judged.csv` reports
     champion = client.get_model_version_by_alias("dssm-simulate-clicks", "champion")
     assert json.loads((work / "index" / "model.json").read_text())["version"] == str(champion.version)
     evaluated = mlflow.search_runs(experiment_names=["simulate-clicks"], filter_string="tags.system = 'bm25'",
