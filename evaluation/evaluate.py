@@ -15,6 +15,7 @@ from typing import Any, get_args
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.errors import DssmError
 from core.judgments import JudgedSet
+from core.stopping import is_stop
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags, use_store
@@ -104,8 +105,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             gate_on = (catalogue, threshold)
             report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp, gate_on)
             (tmp / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
-        except BaseException:
-            _fail_runs(uri, run_ids)
+        except BaseException as e:
+            _end_runs(uri, run_ids, "KILLED" if is_stop(e) else "FAILED")  # a stop (SIGTERM, ^C) is no failure
             raise
         done["report"] = report
         return {"mlflow_uri": uri, "counts": {"queries": report["eval_queries"], "pairs": report["eval_pairs"]}}
@@ -407,11 +408,11 @@ def _finish_runs(
     return gates
 
 
-def _fail_runs(uri: str, run_ids: dict[str, str]) -> None:
+def _end_runs(uri: str, run_ids: dict[str, str], status: str) -> None:
     client = mlflow_client(uri)
     for run_id in run_ids.values():
         if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, "FAILED")
+            client.set_terminated(run_id, status)
 
 
 def _score_uri(uri: str, eval_set: EvalSet, catalogue: Catalogue | None, threshold: float) -> float:

@@ -284,7 +284,7 @@ def down(root: Path, progress: Callable[[str], None] = print, grace: float = 20)
         return []
     stopped = []
     for name, info in reversed(list(state["services"].items())):
-        pid = info["pid"]
+        pid, started, how = info["pid"], time.monotonic(), ""
         if _alive(pid):
             for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
                 try:
@@ -294,10 +294,11 @@ def down(root: Path, progress: Callable[[str], None] = print, grace: float = 20)
                 end = time.monotonic() + wait
                 while _alive(pid) and time.monotonic() < end:
                     time.sleep(0.2)
+                how = f" by {sig.name} in {time.monotonic() - started:.1f} s"
                 if not _alive(pid):
                     break
         stopped.append(name)
-        progress(f"stopped {name}")
+        progress(f"stopped {name}{how}")
     (Path(root) / STATE).unlink()
     return stopped
 

@@ -7,6 +7,7 @@ compared row for row with the local[2] run: the same job code, only the master d
 `dssm run` at once against the same servers and registered model: the champion alias ends on the
 best version. A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -265,8 +266,12 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
     finally:
         if serve is not None:
             stop(serve)
-        stopped = stack.down(cfg.root, progress=lambda _: None)
+        said_down: list[str] = []
+        stopped = stack.down(cfg.root, progress=said_down.append)
     assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
+    # each service still up (the worker was killed above) ends on SIGTERM, as a scheduler stops it, within seconds
+    seconds = [float(line.split(" by SIGTERM in ")[1].split()[0]) for line in said_down if " by SIGTERM in " in line]
+    assert len(seconds) == 3 and max(seconds) < 10, said_down
     assert stack.status(cfg.root) == {}
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", cfg.prefect_port)) != 0
@@ -292,6 +297,62 @@ def stack_service(cfg: stack.StackConfig, name: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_run_resumes(tmp_path):
+    """`dssm schedule` stopped as schedulers stop it: Prefect's runner alone would let the run in flight
+    finish first (a night's run: an hour); here the run stops within seconds, its MLflow runs KILLED, the
+    flow run crashed, the schedule paused, nothing of it left running, its checkpoint left to resume from."""
+    import mlflow
+
+    cfg = stack.StackConfig(root=tmp_path / "stack", prefect_port=free_port())
+    work, log = tmp_path / "w", tmp_path / "schedule.log"
+    train = ["--train", "data.batch_size=64", "model.ncell=16", "epochs=60", "checkpoint_every=10", "eval_every=100000"]
+    run = ["--workdir", str(work), "--impressions", "5_000", "--workers", "1", "--no-index", "--no-analyze"]
+    run += ["evaluate.fusions=[MODEL+bm25]", "evaluate.retrieval=false", "evaluate.gate_metric=ndcg@10", *train]
+    with stack_service(cfg, "prefect"):
+        api = cfg.urls["prefect"]
+        env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DSSM_SPARK_MASTER")}
+        env |= {"PREFECT_API_URL": api, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+        cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "0 3 * * *", "--name", "stop-probe", *run]
+        with open(log, "w") as out:
+            serve = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+
+            def deployment():
+                try:
+                    return next((d for d in post(f"{api}/deployments/filter", {}) if d["name"] == "stop-probe"), None)
+                except urllib.error.HTTPError:  # 503 while the server is still busy starting up
+                    return None
+
+            served = wait_until("deployment registered", deployment, 120, serve, log)
+            flow_run = post(f"{api}/deployments/{served['id']}/create_flow_run", {})  # now, not at 03:00
+            wait_until("training", lambda: (work / "train" / "lstm" / "last.pt").exists(), 300, serve, log)
+            family = psutil.Process(serve.pid).children(recursive=True)  # the flow run's process, Spark's JVM
+            started = time.monotonic()
+            os.kill(serve.pid, signal.SIGTERM)
+            assert serve.wait(30) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+            assert time.monotonic() - started < 20
+            _, left = psutil.wait_procs(family, timeout=10)
+            assert not left, [" ".join(p.cmdline()[:4]) for p in left if p.is_running()]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+        (state,) = post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+        assert state["state_type"] == "CRASHED", state["state"]
+        status, _, body = request(f"{api}/deployments/{served['id']}")
+        assert status == 200 and json.loads(body)["paused"]  # no run starts until it is served again
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    stopped = mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")
+    statuses = {r.info.run_name: r.info.status for r in stopped}
+    assert statuses and set(statuses.values()) == {"KILLED"}, statuses  # the flow's parent run and its training run
+    assert not (work / "eval").exists()
+
+    # what the next run resumes from (the same flow as `dssm run`: tests/test_stopping.py resumes it)
+    from modeling.checkpoint import read_checkpoint
+
+    assert read_checkpoint(work / "train" / "lstm" / "last.pt")["step"] >= 10
 
 
 def request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None):
