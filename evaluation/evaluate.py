@@ -97,8 +97,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
             datasets.append(("hybrid_dev", dev["path"], dev["sha256"], "tuning"))
-        run_ids = _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval)
-        try:
+        run_ids: dict[str, str] = {}
+        try:  # from the first run on: a stop or a failure half-way ends every run already created
+            _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval, run_ids)
             about = {"path": judged.path, "graded_from": judged.graded_from}
             report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval, about)
             # The gate logs the report files from the temp dir: the output is published after it.
@@ -300,15 +301,15 @@ def _start_runs(
     systems: list[System],
     results: list[SystemResult],
     datasets: list[tuple[str, str, str, str]],
-    retrieval: dict[str, Any] | None = None,
-) -> dict[str, str]:
+    retrieval: dict[str, Any] | None,
+    ids: dict[str, str],
+) -> None:
     """One finished-later run per system with its tags, params, metrics and dataset inputs (the judged
     set; for a hybrid also the dev queries its weight was fit on), nested under the flow run's parent
-    run inside a flow; returns run ids by system."""
+    run inside a flow; each run's id goes into `ids` (by system) as soon as it exists."""
     client = mlflow_client(uri)
     exp = experiment_id(uri, experiment)
     nested = parent_tags(parent_run_id())
-    ids = {}
     for system, result in zip(systems, results, strict=True):
         run = client.create_run(exp, run_name=system.name, tags=_tags(eval_set, system) | nested)
         ids[system.name] = run.info.run_id
@@ -322,7 +323,6 @@ def _start_runs(
         metrics |= training_metrics(client, system.tags.get("train_run_id", ""))
         for key, value in metrics.items():
             client.log_metric(run.info.run_id, key, value)
-    return ids
 
 
 TRAINING_METRICS = ("train_loss", "valid_loss", "train_examples_per_s")  # as the training run names them

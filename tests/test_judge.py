@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from core.errors import DssmError
 from core.text import is_test_query, norm
 from jobs.simulate.config import SimulationConfig
 
@@ -89,6 +90,14 @@ def test_clicks_grade_the_logs_queries_and_their_test_queries_never_reach_traini
     raw = judge(spark, clean_dir, tmp_path / "raw", JudgeConfig(debias=False))
     assert raw["counts"]["queries_seen"] == c["queries_seen"] and "propensity" not in raw["inputs"]
     assert judge(spark, clean_dir, tmp_path / "judge", propensity_dir=team_log["propensity"])["skipped"]
+    # a hand edit that keeps the file's size is no longer "up to date": the grades are rebuilt
+    written = (tmp_path / "judge" / "judged.csv").read_bytes()
+    (tmp_path / "judge" / "judged.csv").write_bytes(written.replace(b",1.0\r\n", b",3.0\r\n", 5))
+    assert not judge(spark, clean_dir, tmp_path / "judge", propensity_dir=team_log["propensity"])["skipped"]
+    assert (tmp_path / "judge" / "judged.csv").read_bytes() == written
+    # said before training, naming why
+    with pytest.raises(DssmError, match="no held-out test query.* with no title shown 1000000 times"):
+        judge(spark, clean_dir, tmp_path / "strict", JudgeConfig(debias=False, min_shown=10**6))
 
     # the leakage guard: no test query's clicks reach the vocabulary, the negatives or the position-bias curve
     built = negatives(spark, clean_dir, tmp_path / "negatives", NegativesConfig(shards=2))

@@ -89,6 +89,14 @@ def judge(
         queries.unpersist()
         counts = {"queries_seen": sum(counts.values()), "queries": counts.pop("graded"), **counts}
         counts |= {"pairs": pairs, "test_pairs": test_pairs, "test_queries": len(test_queries)}
+        if not test_queries:  # said here, before training, rather than by evaluate after it
+            raise DssmError(
+                f"judge: no held-out test query (PROTOCOL.md §3) among the {counts['queries']:,} graded of "
+                f"{counts['queries_seen']:,} queries: nothing to evaluate on (left out: {counts['few_impressions']:,} "
+                f"with fewer than {cfg.min_impressions} impressions, {counts['few_shown']:,} with no title shown "
+                f"{cfg.min_shown} times, {counts['no_click']:,} without a click, {counts['one_title']:,} with one "
+                "title)"
+            )
         log.info(
             "judge: %(queries)d queries graded (%(test_queries)d held-out test queries), %(pairs)d pairs; left out: "
             "%(few_impressions)d with few impressions, %(few_shown)d with no title shown %(min_shown)d times, "
@@ -98,7 +106,8 @@ def judge(
         return {"counts": counts, "outputs": {"judged": JUDGED_FILE}, "scale": _scale(cfg)}
 
     with cluster_errors(out):
-        return publish(out, "judge", code_fingerprint(__name__), inputs, asdict(cfg), build, force, upstream=upstreams)
+        # every file hashed before it counts as up to date: a hand edit of judged.csv that keeps its size is caught
+        return publish(out, "judge", code_fingerprint(__name__), inputs, asdict(cfg), build, force, upstreams, True)
 
 
 REASONS = ("graded", "few_impressions", "few_shown", "no_click", "one_title")  # why a query is in or out
