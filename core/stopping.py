@@ -23,6 +23,18 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 GRACE_SECONDS = 10.0
 _requested = threading.Event()
+_last_words: list = []  # what the watchdog does before it ends the process (at_deadline)
+
+
+@contextlib.contextmanager
+def at_deadline(action) -> Iterator[None]:
+    """Within the block, have the watchdog call `action()` (at most 3 s) before it ends a process that did
+    not unwind in time: a flow marks its MLflow parent run KILLED there, which its own unwinding did not reach."""
+    _last_words.append(action)
+    try:
+        yield
+    finally:
+        _last_words.remove(action)
 
 
 class Stopped(KeyboardInterrupt):
@@ -83,11 +95,20 @@ def _deadline(signum: int, grace: float) -> None:
     # not through logging: the main thread may hold a handler's lock where it is stuck
     with contextlib.suppress(OSError):
         os.write(2, f"dssm: still running {grace:.0f} s after {signal.Signals(signum).name}: exiting now\n".encode())
+    for action in _last_words:  # each in a thread of its own: one stuck on a lock the main thread holds is left
+        last = threading.Thread(target=_quietly, args=(action,), daemon=True)
+        last.start()
+        last.join(3.0)
     import psutil
 
     with contextlib.suppress(psutil.Error):
         end_processes(psutil.Process().children(recursive=True))
     os._exit(128 + signum)
+
+
+def _quietly(action) -> None:
+    with contextlib.suppress(Exception):
+        action()
 
 
 def end_processes(processes: list, wait: float = 3.0, signalled: list | None = None) -> None:

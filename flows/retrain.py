@@ -28,7 +28,7 @@ from core.errors import DssmError
 from core.judgments import resolve_judged_set
 from core.layout import Layout
 from core.stage import RunContext, StageOutput
-from core.stopping import begin, is_stop, signal_of
+from core.stopping import at_deadline, begin, is_stop, signal_of
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, nested_under
 from flows.config import RunConfig
@@ -96,6 +96,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
 
     with exclusive(ctx.layout.workdir), bar:
         parent, new = open_parent(ctx.mlflow_uri, ctx.judged.name, ctx.layout.workdir, *flow_run_tags(ctx))
+        # a stop whose unwinding outlasts the grace (a Spark call stuck on a JVM the same signal ended) still
+        # leaves the parent KILLED, not RUNNING
+        last_words = at_deadline(lambda: close_parent(ctx.mlflow_uri, parent, "KILLED"))
 
         def finished(stage: Stage, out: StageOutput | None) -> None:
             bar.update(1)
@@ -111,34 +114,38 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
 
                 mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", judged_set(ctx.judged, out).sha256)
 
-        try:
-            with nested_under(parent):
-                outputs = walk(PIPELINE, ctx, finished, logger)
-            log_config(config, ctx.mlflow_uri, done)
-            if outputs.get("propensity"):
-                log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
-            if ctx.window:
-                log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
-            evaluated = outputs.get("evaluate")
-            report = None
-            if evaluated is not None:
-                report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
-                report |= {"skipped": True} if evaluated.skipped else {}
-            kept = drop_if_empty(ctx.mlflow_uri, parent, new)
-            summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
-            if kept:
-                close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)
-            return summary
-        except BaseException as e:
-            stopped = is_stop(e)
-            if stopped:  # Prefect's handler took the signal while the flow ran: the watchdog starts here
-                begin(signal_of(e))
-            status = "KILLED" if stopped else "FAILED"
-            try:  # the flow's own error is the one to report, not a second one on the way out
-                close_parent(ctx.mlflow_uri, parent, status)
-            except Exception as closing:
-                logger.warning("MLflow: could not mark parent run %s %s: %s", parent, status, closing)
-            raise
+        with last_words:  # through the except path too: the watchdog may fire while it unwinds
+            try:
+                with nested_under(parent):
+                    outputs = walk(PIPELINE, ctx, finished, logger)
+                log_config(config, ctx.mlflow_uri, done)
+                if outputs.get("propensity"):
+                    log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
+                if ctx.window:
+                    log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
+                evaluated = outputs.get("evaluate")
+                report = None
+                if evaluated is not None:
+                    report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
+                    report |= {"skipped": True} if evaluated.skipped else {}
+                kept = drop_if_empty(ctx.mlflow_uri, parent, new)
+                summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
+                if kept:
+                    close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)
+                return summary
+            except BaseException as e:
+                stopped = is_stop(e)
+                if stopped:  # Prefect's handler took the signal while the flow ran: the watchdog starts here
+                    begin(signal_of(e))
+                status = "KILLED" if stopped else "FAILED"
+                for attempt in (1, 2):  # the flow's own error is the one to report, not a second one on the way out
+                    try:
+                        close_parent(ctx.mlflow_uri, parent, status)
+                        break
+                    except Exception as closing:  # once seen right after a signal: a KeyError from the store's client
+                        logger.warning("MLflow: could not mark parent run %s %s (try %d): %s", parent, status, attempt,
+                                       closing)  # fmt: skip
+                raise
 
 
 def flow_run_tags(ctx: RunContext) -> tuple[str, str, dict[str, str]]:
