@@ -3,7 +3,8 @@ systemd 90 s, before SIGKILL).
 
 The first signal raises `Stopped` (a KeyboardInterrupt) in the main thread: what runs there unwinds,
 so a stage publishes nothing (outputs are renamed into place only when complete), training leaves its
-last checkpoint, and the MLflow runs are ended KILLED on the way out; the next run resumes. A watchdog
+last checkpoint, and the MLflow runs are ended KILLED on the way out; the next run resumes. Further
+SIGTERMs and SIGINTs are ignored from then on: one must not cut that cleanup short mid-write. A watchdog
 thread makes sure of the exit: whatever still runs `GRACE_SECONDS` later (a flow engine retrying a
 Prefect server that the same signal ended, a worker thread) is cut off: the process's children are
 terminated and it exits with 128 + the signal's number. Its helpers (Spark's JVM, torchrun, the
@@ -68,6 +69,11 @@ def begin(signum: int, grace: float = GRACE_SECONDS) -> None:
     _requested.set()
     log.warning("%s: stopping (at most %.0f s)", signal.Signals(signum).name, grace)
     threading.Thread(target=_deadline, args=(signum, grace), name="dssm-stop", daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        # A second signal (Prefect's handler raises on each) must not cut the cleanup short half-way through
+        # an MLflow write: the stop is under way, and the watchdog ends the process if it takes too long.
+        for again in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(again, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -138,13 +138,10 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 if stopped:  # Prefect's handler took the signal while the flow ran: the watchdog starts here
                     begin(signal_of(e))
                 status = "KILLED" if stopped else "FAILED"
-                for attempt in (1, 2):  # the flow's own error is the one to report, not a second one on the way out
-                    try:
-                        close_parent(ctx.mlflow_uri, parent, status)
-                        break
-                    except Exception as closing:  # once seen right after a signal: a KeyError from the store's client
-                        logger.warning("MLflow: could not mark parent run %s %s (try %d): %s", parent, status, attempt,
-                                       closing)  # fmt: skip
+                try:  # the flow's own error is the one to report, not a second one on the way out
+                    close_parent(ctx.mlflow_uri, parent, status)
+                except Exception as closing:
+                    logger.warning("MLflow: could not mark parent run %s %s: %s", parent, status, closing)
                 raise
 
 

@@ -46,10 +46,8 @@ def judged_set(run_judged: JudgedSet, judge: StageOutput | None) -> JudgedSet:
         return run_judged
     from core.artifacts import read_manifest
 
-    file_sha256 = read_manifest(Path(judge.path))["file_sha256"][
-        JUDGED_FILE
-    ]  # as `dssm evaluate` of the file hashes it
-    return click_judged_set(judge.path, file_sha256, run_judged.name)
+    hashes = read_manifest(Path(judge.path))["file_sha256"]  # judged.csv's own, as `dssm evaluate` of it hashes it
+    return click_judged_set(judge.path, hashes[JUDGED_FILE], run_judged.name)
 
 
 def clicks_dataset_name(logs: str) -> str:

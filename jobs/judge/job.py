@@ -70,9 +70,8 @@ def judge(
         queries = impressions.groupBy("query").agg(F.count("*").alias("impressions"))
         per_query = graded.groupBy("query").agg(F.count("*").alias("titles"), F.sum("clicks").alias("clicks"))
         queries = queries.join(per_query, "query", "left").select("query", _reason(cfg).alias("reason")).persist()
-        counts = {reason: 0 for reason in REASONS} | {
-            r["reason"]: r["count"] for r in queries.groupBy("reason").count().collect()
-        }
+        found = {r["reason"]: r["count"] for r in queries.groupBy("reason").count().collect()}
+        counts = {reason: found.get(reason, 0) for reason in REASONS}
         kept = queries.where(F.col("reason") == "graded").select("query")
         rows = graded.join(kept, "query").orderBy("query", "title").select("query", "title", "grade")
         pairs = test_pairs = 0
