@@ -99,12 +99,17 @@ def convert(value: Any, hint: Any, key: str) -> Any:
     raise DssmError(f"config {key}: unsupported type {hint}")
 
 
+MOVED = {"evaluate.gate_metric": "gate.metric"}  # keys of older configs -> where they live now
+
+
 def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
     """A copy of the dataclass `obj` with `values` (a nested dict) applied."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in fields(obj)}
     changes: dict[str, Any] = {}
     for key, value in values.items():
+        if f"{prefix}{key}" in MOVED:
+            raise DssmError(f"config: {prefix}{key} is now {MOVED[f'{prefix}{key}']}")
         if key not in names:
             raise DssmError(f"config: unknown key {prefix}{key!s} (known: {', '.join(sorted(names))})")
         current = changes.get(key, getattr(obj, key))

@@ -90,17 +90,19 @@ def converter(hint: Any, key: str):
     return to_value
 
 
-def leaves(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterable[tuple[str, Any, Any, str]]:
+def leaves(
+    cls: type, prefix: str = "", skip: frozenset[str] = frozenset(), default: Any = None
+) -> Iterable[tuple[str, Any, Any, str]]:
     """(dotted key, default, type hint, help) of every field of `cls` that holds a value, nested
-    sections walked, `skip`ped keys left out."""
-    default, hints, helps = cls(), typing.get_type_hints(cls), field_help(cls)
+    sections walked (with the defaults the enclosing config gives them), `skip`ped keys left out."""
+    default, hints, helps = cls() if default is None else default, typing.get_type_hints(cls), field_help(cls)
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         if key in skip:
             continue
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(value):
-            yield from leaves(type(value), key + ".", skip)
+            yield from leaves(type(value), key + ".", skip, value)
         else:
             yield key, value, hints[f.name], helps.get(f.name, "")
 

@@ -107,8 +107,23 @@ COMMANDS: dict[str, Command] = {
         "evaluation.evaluate",
         "NDCG@1/3/10 of trained models and baselines on a judged set (PROTOCOL.md), logged to MLflow",
         "Score trained models and baselines on the test queries of a judged set (or --all-queries), write "
-        "report.json, report.md, TREC run files and ndcg.png to --out, log every system as an MLflow run, register "
-        "trained models and move the `champion` alias when NDCG@10 beats the champion's. See docs/evaluation.md.",
+        "report.json, report.md, TREC run files and ndcg.png to --out and log every system as an MLflow run; "
+        "`dssm register` and `dssm gate` take it from there. See docs/evaluation.md.",
+    ),
+    "register": Command(
+        "evaluation.register",
+        "log the models a `dssm evaluate` scored as MLflow models and register them as versions",
+        "Log each trained model and hybrid of a `dssm evaluate` output as an MLflow pyfunc model into its "
+        "evaluation run and register it as a version of dssm-DATASET; writes OUT/registered.json. A rerun "
+        "registers nothing twice. See docs/evaluation.md#the-champion-gate.",
+    ),
+    "gate": Command(
+        "evaluation.gate",
+        "move the `champion` alias to a registered version that beats the champion",
+        "For each version of a `dssm register` output: compare its NDCG@10 (or retrieval NDCG@10) with the "
+        "champion's on the same eval set (scoring the champion there when it was never measured) and move the "
+        "`champion` alias when it is better; writes OUT/gate.json and gate-history.png. "
+        "See docs/evaluation.md#the-champion-gate.",
     ),
     "sts": Command(
         "evaluation.sts",
@@ -144,8 +159,8 @@ COMMANDS: dict[str, Command] = {
     ),
     "run": Command(
         "flows.run_command",
-        "the retrain flow, ad hoc: simulate, clean, propensity, vocab, negatives, mine, train, evaluate, index, "
-        "analyze",
+        "the retrain flow, ad hoc: simulate, clean, propensity, judge, vocab, negatives, mine, teacher, train, "
+        "evaluate, register, gate, index, analyze",
         "Run the Prefect retrain flow (docs/flows.md) with one run config: defaults < --config YAML < the flags given"
         " < KEY=VALUE overrides (e.g. negatives.seed=7 train.epochs=10). Every stage (listed below) runs into the "
         "work dir, ending with the trained model and the baselines evaluated on the judged set's test queries, the "

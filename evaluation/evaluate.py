@@ -1,16 +1,16 @@
-"""`dssm evaluate`: score trained models and baselines on a judged set, write the report, log every
-system as its own MLflow run in the dataset's experiment, register trained models and run the
-champion gate."""
+"""`dssm evaluate`: score trained models and baselines on a judged set, write the report and log every
+system as its own MLflow run in the dataset's experiment. Registering the trained models and moving
+the champion alias are the next stages' (evaluation/register.py, evaluation/gate.py): evaluate hands
+them its eval set and its registrable models as files (evaluation/handoff.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from core.artifacts import code_fingerprint, publish, read_manifest, sha256_file
 from core.errors import DssmError
@@ -18,8 +18,9 @@ from core.judgments import JudgedSet
 from core.stopping import is_stop
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
-from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags, use_store
-from evaluation.config import GateMetric
+from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags
+from evaluation.config import metric_key
+from evaluation.handoff import Registrable, ScoredOn, eval_key, write_eval_set, write_models
 from evaluation.report import write_report
 from evaluation.retrieval import Catalogue, embedding, evaluate_retrieval, fit_fusion
 from evaluation.systems import BaselineParams, System, build_baseline, load_trained, unique_names
@@ -47,16 +48,13 @@ class EvaluateConfig:
     min_label: float | None = None
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
     experiment: str | None = None  # default: the dataset name
-    register: bool = True
-    run_date: str = ""  # a windowed run's date: tagged on the versions it registers, the gate history's labels
     force: bool = False  # evaluate even when --out already holds this evaluation
     retrieval: bool = False  # also rank the judged set's whole catalogue (PROTOCOL.md §8)
-    gate_metric: GateMetric = "ndcg@10"  # what the champion gate compares: re-ranking or retrieval NDCG@10
     baseline_params: BaselineParams = field(default_factory=BaselineParams)
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
-    """Run the evaluation; returns report.json's content plus the gate decisions."""
+    """Run the evaluation; returns report.json's content."""
     started = time.perf_counter()
     out = Path(cfg.out)
     uri = cfg.mlflow_uri or default_tracking_uri(out.resolve().parent)
@@ -77,8 +75,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
         systems = [*baselines, *trained]
         # A hybrid's retrieval fusion is fit whenever there is a hybrid: `dssm search` serves it.
-        measure = cfg.retrieval or cfg.gate_metric != "ndcg@10"
-        catalogue = Catalogue.of_judged(pairs) if measure or cfg.hybrid_dev is not None else None
+        catalogue = Catalogue.of_judged(pairs) if cfg.retrieval or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
             dev_set = (cfg.hybrid_dev, cfg.fusions, cfg.baseline_params)
             fused = hybrids(trained, baselines, pairs, judged, *dev_set, catalogue)
@@ -92,7 +89,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if measure else None
+        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if cfg.retrieval else None
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
@@ -102,10 +99,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval, run_ids)
             about = {"path": judged.path, "graded_from": judged.graded_from}
             report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval, about)
-            # The gate logs the report files from the temp dir: the output is published after it.
-            gate_on = (catalogue, threshold)
-            report["gate"] = _finish_runs(uri, cfg, eval_set, systems, run_ids, tmp, gate_on)
-            (tmp / "gate.json").write_text(json.dumps(report["gate"], indent=2) + "\n")
+            titles = catalogue.titles if retrieval is not None else None
+            write_eval_set(tmp, ScoredOn(eval_set, threshold, titles))
+            write_models(tmp, eval_set.name, eval_key(eval_set), registrable(systems, run_ids, report))
+            _finish_runs(uri, systems, run_ids, tmp)
         except BaseException as e:
             _end_runs(uri, run_ids, "KILLED" if is_stop(e) else "FAILED")  # a stop (SIGTERM, ^C) is no failure
             raise
@@ -121,8 +118,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
 
 def read_report(out: Path) -> dict[str, Any]:
-    """A finished evaluation's report.json with its champion-gate decisions (gate.json)."""
-    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
+    """A finished evaluation's report.json."""
+    return json.loads((out / "report.json").read_text())
 
 
 def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -137,7 +134,7 @@ def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], d
         if negatives:
             dev_hash = (read_manifest(Path(negatives)) or {}).get("content_sha256", str(negatives))
             inputs[key] = {"path": str(negatives), "sha256": dev_hash}
-    excluded = ("judgments", "out", "models", "force", "hybrid_dev", "run_date")
+    excluded = ("judgments", "out", "models", "force", "hybrid_dev")
     params = {k: str(v) for k, v in asdict(cfg).items() if k not in excluded}
     return inputs, params | {"mlflow_uri": uri, "spec": asdict(cfg.judgments.spec)}
 
@@ -275,12 +272,6 @@ def build_timed(name: str, pairs, params: BaselineParams) -> System:
     return system
 
 
-def eval_key(eval_set: EvalSet) -> str:
-    """Names an evaluation set: same judged file, split and queries give the same key."""
-    qids = ",".join(q.qid for q in eval_set.queries)
-    return hashlib.sha256(f"{eval_set.sha256}:{eval_set.min_label}:{qids}".encode()).hexdigest()[:16]
-
-
 def _tags(eval_set: EvalSet, system: System) -> dict[str, str]:
     return {
         "dataset": eval_set.name,
@@ -348,64 +339,33 @@ def training_metrics(client, train_run_id: str) -> dict[str, float]:
     return out | ({TRAINING_METRICS[2]: sum(steady) / len(steady)} if steady else {})
 
 
-def _finish_runs(
-    uri: str,
-    cfg: EvaluateConfig,
-    eval_set: EvalSet,
-    systems: list[System],
-    run_ids: dict[str, str],
-    out: Path,
-    gate_on: tuple[Catalogue | None, float],
-) -> list[dict[str, Any]]:
-    """Attach the report to every run; log, register and gate the trained models (a champion never
-    measured here is scored on `gate_on`: the catalogue and relevance threshold); end the runs."""
-    catalogue, threshold = gate_on
-    gate_catalogue = catalogue if cfg.gate_metric.startswith("retrieval_") else None
-    import mlflow
+def registrable(systems: list[System], run_ids: dict[str, str], report: dict[str, Any]) -> list[Registrable]:
+    """The trained models and hybrids that have a checkpoint (not one loaded from MLflow), for register."""
+    measured = report.get("retrieval", {}).get("systems", {})
+    models = []
+    for system in systems:
+        if system.kind not in ("trained", "hybrid") or system.checkpoint is None:
+            continue
+        metrics = {"ndcg@10": report["systems"][system.name]["ndcg@10"]}
+        if system.name in measured:
+            metrics["retrieval_ndcg@10"] = measured[system.name]["ndcg@10"]
+        partners = {k: str(v) for k, v in system.partner_checkpoints.items()}
+        checkpoint = str(system.checkpoint)
+        models.append(
+            Registrable(system.name, system.kind, run_ids[system.name], checkpoint, metrics, system.fusion, partners)
+        )
+    return models
 
-    from evaluation.gate import champion_gate, plot_gate_history
-    from scoring.serving import log_model, registered_name
 
-    use_store(uri)
+def _finish_runs(uri: str, systems: list[System], run_ids: dict[str, str], out: Path) -> None:
+    """Attach the report to every run and end it."""
     client = mlflow_client(uri)
-    report = json.loads((out / "report.json").read_text())
-    gates = []
     for system in systems:
         run_id = run_ids[system.name]
-        with mlflow.start_run(run_id=run_id):
-            for artifact in ("report.json", "report.md", "ndcg.png", "qrels.txt"):
-                mlflow.log_artifact(str(out / artifact))
-            mlflow.log_artifact(str(out / "runs" / f"{system.name}.run"), "runs")
-            if system.kind in ("trained", "hybrid") and system.checkpoint is not None:
-                registered = registered_name(eval_set.name) if cfg.register else None
-                model_uri, version = log_model(system.checkpoint, registered, system.fusion, system.partner_checkpoints)
-                mlflow.set_tag("model_uri", model_uri)
-                if version is not None:
-                    if cfg.run_date:
-                        client.set_model_version_tag(registered, version, "run_date", cfg.run_date)
-                    table = report["retrieval"]["systems"] if gate_catalogue else report["systems"]
-                    decision = champion_gate(
-                        client,
-                        registered,
-                        version,
-                        table[system.name]["ndcg@10"],
-                        eval_key(eval_set),
-                        lambda u: _score_uri(u, eval_set, gate_catalogue, threshold),
-                        system.name,
-                        metric_key(cfg.gate_metric),
-                    )
-                    mlflow.set_tags({"registered_model": registered, "registered_version": version})
-                    mlflow.set_tag("champion_gate", decision.reason)
-                    log.info("%s v%s: %s", registered, version, decision.reason)
-                    gates.append({"system": system.name, "model": registered, **decision.as_dict()})
-    if gates:  # after every gate of this evaluation: the plot shows where the alias ended
-        key = eval_key(eval_set)
-        plot = out / "gate-history.png"
-        history = plot_gate_history(client, gates[0]["model"], key, plot, metric_key(cfg.gate_metric))
-        for system in systems:
-            if history and any(g["system"] == system.name for g in gates):
-                client.log_artifact(run_ids[system.name], str(history))
-    return gates
+        for artifact in ("report.json", "report.md", "ndcg.png", "qrels.txt"):
+            client.log_artifact(run_id, str(out / artifact))
+        client.log_artifact(run_id, str(out / "runs" / f"{system.name}.run"), "runs")
+        client.set_terminated(run_id, "FINISHED")
 
 
 def _end_runs(uri: str, run_ids: dict[str, str], status: str) -> None:
@@ -413,21 +373,6 @@ def _end_runs(uri: str, run_ids: dict[str, str], status: str) -> None:
     for run_id in run_ids.values():
         if client.get_run(run_id).info.status == "RUNNING":
             client.set_terminated(run_id, status)
-
-
-def _score_uri(uri: str, eval_set: EvalSet, catalogue: Catalogue | None, threshold: float) -> float:
-    """NDCG@10 of an MLflow model on `eval_set` (the champion, when it was never measured there):
-    re-ranking, or with a `catalogue` retrieving from it."""
-    system = load_trained(uri)
-    if catalogue is not None:
-        return evaluate_retrieval(eval_set, catalogue, [system], threshold)["systems"][system.name]["ndcg@10"]
-    queries, titles = eval_set.pairs()
-    return evaluate_scores(eval_set, system.name, system.scorer.score(queries, titles)).mean("ndcg@10")
-
-
-def metric_key(metric: str) -> str:
-    """An MLflow metric name for a report's metric (MLflow allows no '@'): ndcg@10 -> ndcg_at_10."""
-    return metric.replace("@", "_at_")
 
 
 def add_arguments(p) -> None:
@@ -483,19 +428,11 @@ def add_arguments(p) -> None:
         help="also rank the judged set's whole catalogue per query (PROTOCOL.md §8: NDCG@10, Recall@k, judged@10, "
         "condensed NDCG@10) and choose each hybrid's retrieval fusion on the --hybrid-dev queries",
     )
-    p.add_argument(
-        "--gate-metric",
-        choices=get_args(GateMetric),
-        default="ndcg@10",
-        help="what the champion gate compares: re-ranking NDCG@10, or retrieval_ndcg@10 for a deployment that "
-        "serves `dssm search` (default: %(default)s)",
-    )
     p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
     p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
     p.add_argument("--relevant-at", type=float, help="label threshold for MRR/MAP (default: 3/4 up the scale)")
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", help="MLflow experiment (default: the dataset name)")
-    p.add_argument("--no-register", dest="register", action="store_false", help="do not register trained models")
     p.add_argument("--force", action="store_true", help="evaluate again even if --out holds this evaluation")
     g = p.add_argument_group("baseline parameters")
     g.add_argument("--bm25-k1", type=float, default=d.k1, help="(default: %(default)s)")
@@ -525,10 +462,8 @@ def config_from_args(args) -> EvaluateConfig:
         min_label=args.min_label,
         mlflow_uri=args.mlflow_uri,
         experiment=args.experiment,
-        register=args.register,
         force=args.force,
         retrieval=args.retrieval,
-        gate_metric=args.gate_metric,
         baseline_params=params,
     )
 
@@ -538,7 +473,6 @@ def command(args) -> None:
     cfg = config_from_args(args)
     report = evaluate(cfg)
     print((Path(cfg.out) / "report.md").read_text(), end="")
-    for gate in report["gate"]:
-        decision = "promoted" if gate["promoted"] else "kept"
-        print(f"{gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
     print(f"report: {cfg.out}/report.json ({report['seconds']:.0f}s)")
+    if cfg.models:
+        print(f"register its models: dssm register --evaluation {cfg.out} --out REGISTER_DIR")

@@ -1,13 +1,18 @@
-"""The champion gate: a registered version takes the `champion` alias only when it beats the champion.
+"""`dssm gate`: a registered version takes the `champion` alias only when it beats the champion.
 
 The gate moves the `champion` alias to a new version only when it beats the current champion's
 NDCG@10 on the same evaluation set (same judged file, same split), and leaves it on the best of the
-versions gated at the same time (runs against one tracking server: `_settle`); `dssm evaluate --gate-metric
-retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8).
+versions gated at the same time (runs against one tracking server: `_settle`); `--metric
+retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8). It reads what
+register registered and, for a champion never measured on this eval set, the eval set that evaluate
+wrote beside its report (evaluation/handoff.py).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +22,12 @@ from typing import Any
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from core.errors import NotADssmModel
-from scoring.serving import CHAMPION
+from core.artifacts import code_fingerprint, publish, require_manifest
+from core.errors import DssmError, NotADssmModel
+from core.tracking import client as mlflow_client
+from evaluation.config import GateConfig, metric_key
+from evaluation.handoff import ScoredOn, read_eval_set
+from scoring.serving import CHAMPION, GATE_FILE, read_gate
 
 log = logging.getLogger(__name__)
 
@@ -175,3 +184,81 @@ def plot_gate_history(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+HISTORY_PLOT = "gate-history.png"
+
+
+def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: bool = False) -> dict[str, Any]:  # noqa: B008
+    """The champion gate for every version of `registered` (a `dssm register` output): OUT/gate.json
+    (a decision per version) and OUT/gate-history.png; each decision also tags its evaluation run."""
+    from evaluation.register import read_registered
+
+    done = require_manifest(Path(registered), "register")
+    uri = done["params"]["mlflow_uri"]
+    inputs = {"registered": {"path": str(registered), "sha256": done["content_sha256"]}}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        doc = read_registered(Path(registered))
+        name, key = doc["model"], doc["eval_key"]
+        scored = functools.cache(lambda: read_eval_set(Path(doc["evaluation"])))
+        metric = metric_key(cfg.metric)
+        client = mlflow_client(uri)
+        decisions = []
+        for v in doc["versions"]:
+            if cfg.metric not in v["metrics"]:
+                raise DssmError(
+                    f"gate: {v['system']} was evaluated without {cfg.metric} (the flow: evaluate.retrieval=true, "
+                    f"dssm evaluate --retrieval), or gate on ndcg@10"
+                )
+            score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
+            value = v["metrics"][cfg.metric]
+            decision = champion_gate(client, name, v["version"], value, key, score, v["system"], metric)
+            client.set_tag(v["run_id"], "champion_gate", decision.reason)
+            log.info("%s v%s: %s", name, v["version"], decision.reason)
+            decisions.append({"system": v["system"], "model": name, **decision.as_dict()})
+        # after every decision of this gate: the plot shows where the alias ended
+        history = plot_gate_history(client, name, key, tmp / HISTORY_PLOT, metric) if decisions else None
+        for v in doc["versions"] if history else []:
+            client.log_artifact(v["run_id"], str(history))
+        (tmp / GATE_FILE).write_text(json.dumps(decisions, indent=2) + "\n")
+        return {"counts": {"gated": len(decisions), "promoted": sum(d["promoted"] for d in decisions)}}
+
+    params = {"metric": cfg.metric, "mlflow_uri": uri}
+    return publish(Path(out), "gate", code_fingerprint(__name__), inputs, params, build, force, upstream=[done])
+
+
+def _score_uri(uri: str, scored: Callable[[], ScoredOn], retrieval: bool) -> float:
+    """NDCG@10 of an MLflow model (the champion, when it was never measured there) on the eval set
+    evaluate scored on: re-ranking its judged titles, or retrieving from its catalogue."""
+    from evaluation.retrieval import Catalogue, evaluate_retrieval
+    from evaluation.systems import load_trained
+    from scoring.protocol import evaluate_scores
+
+    on = scored()
+    system = load_trained(uri)
+    if retrieval:
+        catalogue = Catalogue(on.catalogue or [])
+        return evaluate_retrieval(on.eval_set, catalogue, [system], on.threshold)["systems"][system.name]["ndcg@10"]
+    queries, titles = on.eval_set.pairs()
+    return evaluate_scores(on.eval_set, system.name, system.scorer.score(queries, titles)).mean("ndcg@10")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm gate`'s options: the input and output, GateConfig's fields."""
+    from core.options import add_config_options
+
+    p.add_argument("--registered", type=Path, required=True, help="a `dssm register` output (its registered.json)")
+    p.add_argument("--out", type=Path, required=True, help="output directory (gate.json, gate-history.png)")
+    p.add_argument("--force", action="store_true", help="gate again even if --out holds this gate's decisions")
+    add_config_options(p, GateConfig)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm gate`."""
+    from core.options import config_from_options
+
+    gate(args.registered, args.out, config_from_options(GateConfig, args), args.force)
+    for d in read_gate(args.out):
+        decision = "promoted" if d["promoted"] else "kept"
+        print(f"{d['model']} v{d['version']} ({d['system']}): {decision} ({d['reason']})")

@@ -1,4 +1,5 @@
-"""The evaluate stage: the trained models against the baselines, registered and gated (evaluation/evaluate.py)."""
+"""The evaluation stages: evaluate (the trained models against the baselines, evaluation/evaluate.py),
+register (evaluation/register.py) and gate (evaluation/gate.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from core.stage import RunContext, StageOutput, run_data_stage
 
 def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge: StageOutput | None) -> StageOutput:
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
-    queries of the negatives) against the baselines, then the champion gate; its report.json and
-    gate.json are the flow's report. The judged set is the run's, or the one the judge stage graded
-    from the logs' clicks."""
+    queries of the negatives) against the baselines; its report.json is the flow's report. The judged
+    set is the run's, or the one the judge stage graded from the logs' clicks."""
     from evaluation.evaluate import EvaluateConfig, evaluate
     from evaluation.systems import parse_baselines
     from jobs.judge.config import CLICK_RELEVANT, CLICK_SCALE, judged_set
@@ -32,10 +32,9 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
             hybrid_dev=Path(negatives.path) if section.hybrid else None,
             fusions=section.fusions,
             mlflow_uri=ctx.mlflow_uri,
-            run_date=ctx.window[-1] if ctx.window else "",
             force=ctx.force,
-            retrieval=section.retrieval,
-            gate_metric=section.gate_metric,
+            # the gate compares what evaluate measured
+            retrieval=section.retrieval or ctx.cfg.gate.metric != "ndcg@10",
             # the scale's, not the set's lowest and highest grades: a night whose grades miss an end scores alike
             min_label=CLICK_SCALE[0] if judged.graded_from == "clicks" else None,
             relevant_at=CLICK_RELEVANT if judged.graded_from == "clicks" else None,
@@ -46,3 +45,22 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
     stage.counts = {"queries": reports[0]["eval_queries"], "pairs": reports[0]["eval_pairs"]}
     return stage
+
+
+def register(ctx: RunContext, evaluate: StageOutput) -> StageOutput:
+    """`dssm register` of the evaluated models: MLflow models, versions of dssm-DATASET."""
+    from evaluation.register import register as register_models
+
+    out = ctx.layout.output("register")
+    run_date = ctx.window[-1] if ctx.window else ""
+    job = lambda: register_models(Path(evaluate.path), out, run_date, ctx.force)  # noqa: E731
+    return run_data_stage("register", evaluate.path, out, job)
+
+
+def gate(ctx: RunContext, register: StageOutput) -> StageOutput:
+    """`dssm gate` of the registered versions: the champion alias moves to a better one."""
+    from evaluation.gate import gate as champion_gate
+
+    out = ctx.layout.output("gate")
+    job = lambda: champion_gate(Path(register.path), out, ctx.cfg.gate, ctx.force)  # noqa: E731
+    return run_data_stage("gate", register.path, out, job)

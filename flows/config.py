@@ -21,7 +21,7 @@ from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
-from evaluation.config import GateMetric
+from evaluation.config import GateConfig
 from jobs.clean.config import CleanConfig
 from jobs.judge.config import JudgeConfig
 from jobs.mine.config import MineConfig
@@ -78,9 +78,6 @@ class EvaluateSection:
     fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25", "MODEL+bm25+minilm"])
     # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
     retrieval: bool = True
-    # what the champion gate compares: full-catalogue retrieval NDCG@10 (what the index stage serves to dssm
-    # search), or ndcg@10: re-ranking the judged titles
-    gate_metric: GateMetric = "retrieval_ndcg@10"
 
 
 @dataclass
@@ -102,6 +99,8 @@ class RunConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     train: TrainSection = field(default_factory=TrainSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    # the flow's gate compares full-catalogue retrieval NDCG@10 by default: what the index stage serves to dssm search
+    gate: GateConfig = field(default_factory=lambda: GateConfig(metric="retrieval_ndcg@10"))
     index_champion: bool = True  # after the gate, `dssm index` the champion over the catalogue (dssm search)
     catalogue: str = ""  # titles to index: Parquet/CSV with a `title` column; empty: the clean stage's title pool
     index: IndexConfig = field(default_factory=IndexConfig)

@@ -39,8 +39,8 @@ def _always(ctx: RunContext) -> bool:
 @dataclass(frozen=True)
 class Stage:
     name: str
-    # the module whose `run(ctx, [item,] **reads)` it is (imported when the stage runs), or that function;
-    # run returns None when there is nothing to do this time
+    # the module whose `run(ctx, [item,] **reads)` it is (imported when the stage runs), MODULE:FUNCTION
+    # for another function of it, or that function; run returns None when there is nothing to do this time
     code: str | Callable[..., StageOutput | None]
     doc: str  # one line: what it makes (dssm run --help)
     section: str = ""  # the run config section that configures it (shown in --help)
@@ -57,7 +57,8 @@ class Stage:
             return self.code
         import importlib
 
-        return importlib.import_module(self.code).run
+        module, _, function = self.code.partition(":")
+        return getattr(importlib.import_module(module), function or "run")
 
     def arg_names(self) -> list[str]:
         return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
@@ -152,7 +153,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage(
         "evaluate",
         "evaluation.stage",
-        "NDCG against the baselines on the test queries, MLflow runs, registry, champion gate",
+        "NDCG against the baselines on the test queries, a MLflow run per system",
         section="evaluate",
         reads=("train", "negatives", "judge"),
         when=evaluates,
@@ -161,11 +162,30 @@ PIPELINE: tuple[Stage, ...] = (
         retried=True,
     ),
     Stage(
+        "register",
+        "evaluation.stage:register",
+        "each evaluated model logged as an MLflow model and registered as a version of dssm-DATASET",
+        reads=("evaluate",),
+        when=evaluates,
+        unless="no evaluation",
+        retried=True,
+    ),
+    Stage(
+        "gate",
+        "evaluation.stage:gate",
+        "the champion alias moved to a registered version that beats the champion on the same eval set",
+        section="gate",
+        reads=("register",),
+        when=evaluates,
+        unless="no evaluation",
+        retried=True,
+    ),
+    Stage(
         "index",
         "retrieval.stage",
         "the champion's ANN index over the catalogue, for dssm search",
         section="index",
-        reads=("clean",),
+        reads=("clean", "gate"),
         when=lambda ctx: evaluates(ctx) and ctx.cfg.index_champion,
         unless="index_champion=false, or no evaluation",
         retried=True,

@@ -87,6 +87,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
 
     from evaluation.evaluate import read_report
     from flows.config import validate
+    from scoring.serving import read_gate
 
     validate(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
     logger = get_run_logger()
@@ -123,11 +124,12 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                     log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
                 if ctx.window:
                     log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
-                evaluated = outputs.get("evaluate")
+                evaluated, gated = outputs.get("evaluate"), outputs.get("gate")
                 report = None
                 if evaluated is not None:
                     report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
                     report |= {"skipped": True} if evaluated.skipped else {}
+                    report |= {"gate": read_gate(Path(gated.path))} if gated is not None else {}
                 kept = drop_if_empty(ctx.mlflow_uri, parent, new)
                 summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
                 if kept:

@@ -89,7 +89,7 @@ def main() -> None:
     out = work / ("dev-eval" if args.dev else "eval")
     evaluate = ["evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", args.baselines]
     if args.dev:
-        evaluate += ["--dev", str(Layout(work).negatives), "--no-register"]
+        evaluate += ["--dev", str(Layout(work).negatives)]
     else:  # each model + BM25, the fusion weights fit on the validation queries (scoring/hybrid.py,
         # scoring/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
         evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval", *(f"--fuse={f}" for f in FUSIONS)]

@@ -8,15 +8,17 @@ from typing import Any
 from core.stage import RunContext, StageOutput, run_data_stage
 
 
-def run(ctx: RunContext, clean: StageOutput) -> StageOutput:
-    """`dssm index` of the champion over `catalogue` (default: the clean stage's title pool), logged as
-    its retriever."""
+def run(ctx: RunContext, clean: StageOutput, gate: StageOutput) -> StageOutput:
+    """`dssm index` of the champion the gate left (its registered model's alias) over `catalogue`
+    (default: the clean stage's title pool), logged as its retriever."""
     from jobs.spark import run_session
     from retrieval.index import index
-    from scoring.serving import CHAMPION, registered_name
+    from scoring.serving import CHAMPION, read_gate, registered_name
 
     out = ctx.layout.index
-    champion = f"models:/{registered_name(ctx.judged.name)}@{CHAMPION}"
+    decisions = read_gate(Path(gate.path))
+    model = decisions[0]["model"] if decisions else registered_name(ctx.judged.name)
+    champion = f"models:/{model}@{CHAMPION}"
     titles = Path(ctx.cfg.catalogue or clean.path)
 
     def job() -> dict[str, Any]:

@@ -262,6 +262,14 @@ def registered_name(dataset: str) -> str:
     return f"dssm-{dataset}"
 
 
+GATE_FILE = "gate.json"  # in a `dssm gate` output: a decision per registered version
+
+
+def read_gate(gate_output: Path) -> list[dict[str, Any]]:
+    """The decisions of a `dssm gate` output (system, model, version, promoted, reason, ...)."""
+    return json.loads((Path(gate_output) / GATE_FILE).read_text(encoding="utf-8"))
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     """The pyfunc `retriever`: queries in, their top k titles out (params {"k": 10})."""
 

@@ -62,7 +62,7 @@ def main() -> None:
         f"train.epochs={args.epochs}",
         "evaluate.fusions=[MODEL+bm25]",
         "evaluate.retrieval=false",
-        "evaluate.gate_metric=ndcg@10",
+        "gate.metric=ndcg@10",
     ]
     dssm("run", *keys, "--config", str(TABLE4 / "lstm.yaml"), "--workdir", str(work), "--judgments",
          str(args.judgments), "--no-index", "--no-analyze")  # fmt: skip
@@ -77,7 +77,7 @@ def main() -> None:
         out = work / f"agree-{name}"
         models = [a for e in ENCODERS for a in ("--model", str(layout.train(e)))]
         dssm("evaluate", "--judgments", str(path), *spec, "--out", str(out), "--baselines", "bm25,minilm",
-             "--retrieval", "--hybrid-dev", str(layout.negatives), "--fuse", "MODEL+bm25", "--no-register",
+             "--retrieval", "--hybrid-dev", str(layout.negatives), "--fuse", "MODEL+bm25",
              f"--mlflow-uri={store}", *models)  # fmt: skip
         reports[name] = json.loads((out / "report.json").read_text())
     result = agreement(reports)

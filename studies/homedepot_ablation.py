@@ -141,7 +141,7 @@ def main() -> None:
     if args.train_only:
         return
     models = [a for outs in runs.values() for out in outs for a in ("--model", str(out))]
-    evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", "--no-register", *models]
+    evaluate = ["evaluate", "--judgments", str(args.judgments), "--baselines", "bm25", *models]
     dev, test = (layout.workdir / f"{args.report}-{split}" for split in ("dev", "test"))
     dssm(*evaluate, "--out", str(dev), "--dev", str(layout.negatives))
     table(dev, f"dev split ({layout.negatives})", args, runs)

@@ -146,7 +146,7 @@ def evaluate(workdir: Path, judgments: Path, variants: list[str], seeds: list[in
     out = workdir / "study" / "test-eval"
     models = [a for v in variants for s in seeds for a in ("--model", str(checkpoint(workdir, v, s)))]
     dssm("evaluate", "--judgments", str(judgments), "--out", str(out), "--baselines", "bm25,minilm", "--retrieval",
-         "--hybrid-dev", str(workdir / "negatives"), "--no-register", *models)  # fmt: skip
+         "--hybrid-dev", str(workdir / "negatives"), *models)  # fmt: skip
     print((out / "report.md").read_text())
     for v in variants:  # evaluate names models of one encoder by their run directory
         names = [checkpoint(workdir, v, s).parent.name for s in seeds]

@@ -1,5 +1,6 @@
-"""`dssm evaluate` against a real `mlflow server` process: runs, the pyfunc model loaded in a fresh
-process, the registry and the champion gate; and against the default local store."""
+"""`dssm evaluate`, `dssm register` and `dssm gate` against a real `mlflow server` process: runs, the
+pyfunc model loaded in a fresh process, the registry and the champion gate; and against the default
+local store."""
 
 from __future__ import annotations
 
@@ -38,9 +39,14 @@ def mlflow_server(tmp_path_factory):
 
 
 def evaluate(*args: str) -> dict:
+    """`dssm evaluate ARGS`, then `dssm register` and `dssm gate` of it into OUT-register and OUT-gate:
+    the report with the gate's decisions."""
     assert dssm_main(["evaluate", *args]) == 0
     out = Path(args[args.index("--out") + 1])
-    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((out / "gate.json").read_text())}
+    registered, gated = out.with_name(f"{out.name}-register"), out.with_name(f"{out.name}-gate")
+    assert dssm_main(["register", "--evaluation", str(out), "--out", str(registered)]) == 0
+    assert dssm_main(["gate", "--registered", str(registered), "--out", str(gated)]) == 0
+    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((gated / "gate.json").read_text())}
 
 
 @pytest.mark.integration  # more than one process
@@ -55,8 +61,9 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     assert report["eval_pairs"] == 6 * report["eval_queries"]
     lstm = report["systems"]["lstm"]
     assert lstm["ndcg@10"] > 80  # the product word decides relevance here (random order: ~65)
-    for name in ("report.json", "report.md", "ndcg.png", "qrels.txt", "runs/lstm.run", "gate-history.png"):
+    for name in ("report.json", "report.md", "ndcg.png", "qrels.txt", "runs/lstm.run", "eval_set.json", "models.json"):
         assert (tmp_path / "r1" / name).is_file()
+    assert (tmp_path / "r1-gate" / "gate-history.png").is_file()
 
     client = mlflow.MlflowClient(mlflow_server)
     run = client.get_run(lstm["mlflow_run_id"])
@@ -73,6 +80,11 @@ def test_evaluate_logs_registers_and_gates_on_a_server(mlflow_server, tiny_data,
     assert bm25_run.data.tags["kind"] == "baseline" and bm25_run.data.params["k1"] == "1.2"
     assert report["gate"][0]["promoted"] and report["gate"][0]["reason"] == "no champion yet"
     assert client.get_model_version_by_alias("dssm-tiny", "champion").version == "1"
+    assert client.get_run(lstm["mlflow_run_id"]).info.status == "FINISHED"  # the run the model was logged into
+    # registering again (as after a crash before its output was published) registers nothing twice
+    again = ["register", "--evaluation", str(tmp_path / "r1"), "--out", str(tmp_path / "r1-register"), "--force"]
+    assert dssm_main(again) == 0
+    assert [v.version for v in client.search_model_versions("name='dssm-tiny'")] == ["1"]
 
     # the registered model, loaded in a fresh process, scores like the checkpoint does
     queries, titles = ["cordless drill", "white lamp"], ["steel drill kit", "brass rug pro"]

@@ -101,6 +101,8 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "negatives",
         "train",
         "evaluate",
+        "register",
+        "gate",
         "index",
         "analyze",
     ]
@@ -202,6 +204,8 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "negatives": False,
         "train": False,
         "evaluate": False,
+        "register": False,
+        "gate": False,
         "analyze": False,
     }
     # a new flow run, finished: its own parent with its new training and evaluation runs under it
@@ -231,7 +235,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     # The runs below check what reaches training: they train 3 epochs and evaluate the model against BM25 alone
     # (no hybrid, no catalogue retrieval, no index or analysis), which the runs above checked
     base = [*args[: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]
-    base += ["evaluate.hybrid=false", "evaluate.retrieval=false", "evaluate.gate_metric=ndcg@10"]
+    base += ["evaluate.hybrid=false", "evaluate.retrieval=false", "gate.metric=ndcg@10"]
     short = [*TINY_TRAIN, "epochs=3", "checkpoint_every=10", "eval_every=1000"]
 
     # Debiased training: the propensity stage's curve reaches the negatives, which the training run weighs by
@@ -418,7 +422,7 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     assert run.data.tags["window"] == "2026-01-01..2026-01-02"
     gate = summary["gate"][0]
     assert gate["version"] == "2" and client.get_model_version(gate["model"], "2").tags["run_date"] == "2026-01-02"
-    assert (work / "eval" / "gate-history.png").is_file()
+    assert (work / "gate" / "gate-history.png").is_file()
 
     # night 2 again: nothing to do
     stages, _ = night("2026-01-02")

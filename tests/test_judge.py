@@ -134,8 +134,8 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     assert report["dataset"] == "simulate-clicks" and report["eval_queries"] > 0
     assert report["judged_set"] == {"path": str(work / "judge" / "judged.csv"), "graded_from": "clicks"}
     stages = {s["stage"]: s for s in report["pipeline"]["stages"]}
-    assert list(stages) == ["clean", "propensity", "judge", "vocab", "negatives", "train", "evaluate", "index",
-                            "analyze"]  # fmt: skip
+    assert list(stages) == ["clean", "propensity", "judge", "vocab", "negatives", "train", "evaluate", "register",
+                            "gate", "index", "analyze"]  # fmt: skip
     assert stages["judge"]["counts"]["test_queries"] >= report["eval_queries"]
     assert report["retrieval"]["queries"] == report["eval_queries"] and report["gate"]
     assert "judged pairs (graded from clicks)" in capsys.readouterr().out

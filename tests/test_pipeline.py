@@ -80,7 +80,7 @@ def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():
 def test_the_stages_that_talk_to_services_retry():
     """Spark (a cluster) and MLflow (a server) may be away for a moment; simulate, train (resumes from its
     checkpoint instead) and analyze do not retry."""
-    retried = {"clean", "propensity", "judge", "vocab", "negatives", "evaluate", "index"}
+    retried = {"clean", "propensity", "judge", "vocab", "negatives", "evaluate", "register", "gate", "index"}
     assert {s.name for s in PIPELINE if s.retried} == retried
 
 

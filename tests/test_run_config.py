@@ -68,6 +68,8 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["train.per_encoder.bert=[epochs=2]"], "unknown encoder.s. bert"),
         (["train.per_encoder.minilm=[optim.name=nesterov]"], "would wreck the pretrained weights"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
+        (["evaluate.gate_metric=ndcg@10"], "evaluate.gate_metric is now gate.metric"),
+        (["gate.metric=ndcg@3"], "gate.metric: .ndcg@3. is not one of"),
         (["negatives=3"], "expected a section"),
         (["index.kind=ivf"], "index.kind: .ivf. is not one of auto, flat, hnsw"),
         (["catalogue=/no/such/titles.parquet"], "catalogue /no/such/titles.parquet: not found"),

@@ -65,7 +65,7 @@ def stop(serve: subprocess.Popen) -> None:
 
 # The services are what this tests: one hybrid (the model with BM25) and the re-ranking gate, not the default 3-way
 # fusion with the bundled MiniLM, whose cost (loading it in every run and Spark worker) tests/test_flows.py pays once
-ONE_HYBRID = ["evaluate.fusions=[MODEL+bm25]", "evaluate.gate_metric=ndcg@10"]
+ONE_HYBRID = ["evaluate.fusions=[MODEL+bm25]", "gate.metric=ndcg@10"]
 
 
 def champion_is_the_best(client, name: str) -> tuple[str, float]:
@@ -161,6 +161,8 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             "negatives",
             "train",
             "evaluate",
+            "register",
+            "gate",
             "index",
         ]
         # the data stages and the index's embedding UDF ran on the stack's Spark master ...
@@ -221,9 +223,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         for seed, proc in procs.items():
             assert proc.returncode == 0, outputs[seed][-3000:]
         reports = [json.loads((tmp_path / f"c{seed}" / "report.json").read_text()) for seed in procs]
-        for r in reports:  # only training and evaluation ran, each a flow run on the Prefect server
+        for r in reports:  # only training, evaluation, register and gate ran, each a flow run on the Prefect server
             stages = {s["stage"]: s for s in r["pipeline"]["stages"]}
-            assert [n for n, s in stages.items() if not s["skipped"]] == ["train", "evaluate"]
+            assert [n for n, s in stages.items() if not s["skipped"]] == ["train", "evaluate", "register", "gate"]
             flow_runs = post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [r["pipeline"]["flow_run_id"]]}}})
             assert [f["state_type"] for f in flow_runs] == ["COMPLETED"]
         gates = [g for r in reports for g in r["gate"]]
@@ -309,7 +311,7 @@ def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_r
     work, log = tmp_path / "w", tmp_path / "schedule.log"
     train = ["--train", "data.batch_size=64", "model.ncell=16", "epochs=60", "checkpoint_every=10", "eval_every=100000"]
     run = ["--workdir", str(work), "--impressions", "5_000", "--workers", "1", "--no-index", "--no-analyze"]
-    run += ["evaluate.fusions=[MODEL+bm25]", "evaluate.retrieval=false", "evaluate.gate_metric=ndcg@10", *train]
+    run += ["evaluate.fusions=[MODEL+bm25]", "evaluate.retrieval=false", "gate.metric=ndcg@10", *train]
     with stack_service(cfg, "prefect"):
         api = cfg.urls["prefect"]
         env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DSSM_SPARK_MASTER")}
