@@ -99,7 +99,7 @@ PREFECT_CORS_HEADERS = "Content-Type,Authorization,Prefect-Csrf-Token,Prefect-Cs
 def prefect_security(host: str, port: int) -> dict[str, str]:
     """The Prefect server's settings that keep other web pages off its API. Its defaults answer
     every origin (`Access-Control-Allow-Origin: *`); here only the UI's own origin is allowed.
-    Prefect 3 has no Host-header allow-list (infra/README.md: what the stack does instead)."""
+    Prefect 3 has no Host-header allow-list: infra/prefect_server.py adds one."""
     _, origins = own_origins(host, port)
     return {
         "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(origins),
@@ -112,7 +112,6 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     import pyspark
 
     root = cfg.root.resolve()
-    bin_dir = Path(sys.executable).parent
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     stores = db.service_urls(cfg.database) if cfg.database else {}
     backend = stores.get("mlflow", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}")
@@ -137,7 +136,8 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
             {"MLFLOW_BACKEND_STORE_URI": backend},
         ),
         "prefect": (
-            [str(bin_dir / "prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)],
+            [sys.executable, "-m", "infra.prefect_server", "--host", cfg.host, "--port", str(cfg.prefect_port),
+             "--allowed-hosts", ",".join(dict.fromkeys([cfg.host, "localhost"]))],
             prefect_env | prefect_security(cfg.host, cfg.prefect_port),
         ),
         "spark-master": (

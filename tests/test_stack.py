@@ -372,8 +372,8 @@ ACAO = "Access-Control-Allow-Origin"
 
 def test_the_stack_servers_grant_no_other_origin_or_host(tmp_path):
     """Prefect used to answer `Access-Control-Allow-Origin: *` to any page, POSTs included; now only
-    the stack's own origin (by IP or as localhost) is granted. MLflow refuses foreign Host headers
-    and cross-origin writes. (Prefect 3 cannot refuse a Host header: infra/README.md.)"""
+    the stack's own origin (by IP or as localhost) is granted. Both refuse foreign Host headers (a
+    rebound DNS name); MLflow refuses cross-origin writes."""
     cfg = stack.StackConfig(root=tmp_path / "stack", prefect_port=free_port(), mlflow_port=free_port())
     with stack_service(cfg, "prefect"), stack_service(cfg, "mlflow"):
         api, port = cfg.urls["prefect"], cfg.prefect_port
@@ -387,6 +387,10 @@ def test_the_stack_servers_grant_no_other_origin_or_host(tmp_path):
             status, headers, _ = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": own, **preflight})
             assert (status, headers.get(ACAO)) == (200, own)
             assert "POST" in headers.get("Access-Control-Allow-Methods", "")
+        status, _, body = request(f"{api}/flow_runs/filter", "POST", {"Host": "attacker.example", **json_post}, b"{}")
+        assert status == 400 and b"Invalid host header" in body  # Prefect 3 answered it: infra/prefect_server.py
+        status, _, _ = request(f"{api}/health", headers={"Host": f"localhost:{port}"})
+        assert status == 200
 
         mlflow = f"{cfg.urls['mlflow']}/api/2.0/mlflow/experiments"
         status, _, body = request(f"{mlflow}/search?max_results=1", headers={"Host": "attacker.example"})
