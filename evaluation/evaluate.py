@@ -19,7 +19,7 @@ from core.stopping import is_stop
 from core.text import is_test_query
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags
-from evaluation.config import metric_key
+from evaluation.config import EvaluateSettings, check_settings, metric_key
 from evaluation.handoff import Registrable, ScoredOn, eval_key, write_eval_set, write_models
 from evaluation.report import write_report
 from evaluation.retrieval import Catalogue, embedding, evaluate_retrieval, fit_fusion
@@ -37,20 +37,16 @@ class EvaluateConfig:
     judgments: JudgedSet  # resolved once (core.judgments.resolve_judged_set)
     out: Path
     models: list[str] = field(default_factory=list)
-    baselines: list[str] = field(default_factory=lambda: ["bm25"])
+    settings: EvaluateSettings = field(default_factory=EvaluateSettings)  # what is scored, and how
     dataset: str | None = None  # default: the judged set's name
     all_queries: bool = False
     dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
     hybrid_dev: Path | None = None  # a `dssm negatives` output: add the `fusions`, fit on its validation queries
-    # hybrids: components joined by +, each bm25, minilm (the bundled one), MODEL (each trained model) or a model's name
-    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25"])
     relevant_at: float | None = None
     min_label: float | None = None
     mlflow_uri: str | None = None  # default: sqlite store in the output's parent dir
     experiment: str | None = None  # default: the dataset name
     force: bool = False  # evaluate even when --out already holds this evaluation
-    retrieval: bool = False  # also rank the judged set's whole catalogue (PROTOCOL.md §8)
-    baseline_params: BaselineParams = field(default_factory=BaselineParams)
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
@@ -71,13 +67,14 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
         trained = [load_trained(m) for m in cfg.models]
         unique_names(trained)
-        wanted = ["bm25", *[b for b in cfg.baselines if b != "bm25"]]  # BM25 is the significance reference
-        baselines = [build_timed(b, pairs, cfg.baseline_params) for b in wanted]
+        settings, params = cfg.settings, cfg.settings.baseline_params()
+        wanted = ["bm25", *[b for b in settings.baselines if b != "bm25"]]  # BM25 is the significance reference
+        baselines = [build_timed(b, pairs, params) for b in wanted]
         systems = [*baselines, *trained]
         # A hybrid's retrieval fusion is fit whenever there is a hybrid: `dssm search` serves it.
-        catalogue = Catalogue.of_judged(pairs) if cfg.retrieval or cfg.hybrid_dev is not None else None
+        catalogue = Catalogue.of_judged(pairs) if settings.retrieval or cfg.hybrid_dev is not None else None
         if cfg.hybrid_dev is not None:
-            dev_set = (cfg.hybrid_dev, cfg.fusions, cfg.baseline_params)
+            dev_set = (cfg.hybrid_dev, settings.fusions, params)
             fused = hybrids(trained, baselines, pairs, judged, *dev_set, catalogue)
             systems = [*baselines, *trained, *fused]
         queries, titles = eval_set.pairs()
@@ -89,7 +86,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             shown = " / ".join(f"{results[-1].mean(f'ndcg@{k}'):.2f}" for k in CUTOFFS)
             log.info("%-10s NDCG@1/3/10 %s", system.name, shown)
 
-        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if cfg.retrieval else None
+        retrieval = evaluate_retrieval(eval_set, catalogue, systems, threshold) if settings.retrieval else None
         datasets = [(name, str(judged.path), judged.sha256, "evaluation")]
         if cfg.hybrid_dev is not None:
             dev = inputs["hybrid_dev"]  # hashed once, below, for the output's input key
@@ -163,15 +160,6 @@ def fusion_names(spec: str, model: str | None) -> list[str] | None:
         return None
     names = [model if n == MODEL else n for n in names]
     return names if len(set(names)) == len(names) else None
-
-
-def check_fusions(specs: list[str]) -> list[str]:
-    """Fusion specs: two or more components joined by +, each bm25, minilm, MODEL or a trained model's name."""
-    for spec in specs:
-        names = [n.strip() for n in spec.split("+")]
-        if len(names) < 2 or not all(names) or len(set(names)) != len(names):
-            raise DssmError(f"fusion {spec!r}: two or more distinct scorers joined by +, e.g. MODEL+bm25+minilm")
-    return list(dict.fromkeys(specs))
 
 
 def hybrids(
@@ -376,11 +364,10 @@ def _end_runs(uri: str, run_ids: dict[str, str], status: str) -> None:
 
 
 def add_arguments(p) -> None:
-    """`dssm evaluate`'s options (argparse)."""
+    """`dssm evaluate`'s options: the inputs and plumbing, EvaluateSettings' fields, the judged set's columns."""
     from core.judgments import add_judgment_options
-    from evaluation.systems import BASELINES
+    from core.options import add_config_options
 
-    d = BaselineParams()
     p.add_argument(
         "--model",
         action="append",
@@ -391,11 +378,6 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--judgments", type=Path, required=True, help="judged set: CSV/TSV or a .zip holding one")
     p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
-    p.add_argument(
-        "--baselines",
-        default="bm25",
-        help=f"comma-separated, from {','.join(BASELINES)} (default: %(default)s; bm25 is always included)",
-    )
     p.add_argument(
         "--all-queries",
         action="store_true",
@@ -411,22 +393,8 @@ def add_arguments(p) -> None:
         "--hybrid-dev",
         type=Path,
         metavar="NEGATIVES_DIR",
-        help="also evaluate each model fused with BM25 (MODEL+bm25), the fusion weight fit on the validation "
-        "queries of this `dssm negatives` output; registered and gated like the model",
-    )
-    p.add_argument(
-        "--fuse",
-        action="append",
-        metavar="SPEC",
-        help="with --hybrid-dev, a hybrid to fit and evaluate: scorers joined by +, each bm25, minilm (the bundled "
-        "all-MiniLM-L6-v2), MODEL (each --model in turn) or a trained model's name; repeat for several (default: "
-        "MODEL+bm25)",
-    )
-    p.add_argument(
-        "--retrieval",
-        action="store_true",
-        help="also rank the judged set's whole catalogue per query (PROTOCOL.md §8: NDCG@10, Recall@k, judged@10, "
-        "condensed NDCG@10) and choose each hybrid's retrieval fusion on the --hybrid-dev queries",
+        help="also evaluate the --fusions (hybrids), their weights fit on the validation queries of this "
+        "`dssm negatives` output",
     )
     p.add_argument("--dataset", help="dataset name for the report and MLflow (default: from the file path)")
     p.add_argument("--min-label", type=float, help="bottom of the label scale (default: the smallest label)")
@@ -434,37 +402,30 @@ def add_arguments(p) -> None:
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", help="MLflow experiment (default: the dataset name)")
     p.add_argument("--force", action="store_true", help="evaluate again even if --out holds this evaluation")
-    g = p.add_argument_group("baseline parameters")
-    g.add_argument("--bm25-k1", type=float, default=d.k1, help="(default: %(default)s)")
-    g.add_argument("--bm25-b", type=float, default=d.b, help="(default: %(default)s)")
-    g.add_argument("--ulm-mu", type=float, default=d.mu, help="Dirichlet prior (default: %(default)s)")
-    g.add_argument("--plsa-topics", type=int, default=d.topics, help="(default: %(default)s)")
-    g.add_argument("--seed", type=int, default=d.seed, help="doc2vec/PLSA seed (default: %(default)s)")
+    add_config_options(p.add_argument_group("what is scored, and how (the flow's evaluate.* keys)"), EvaluateSettings)
     add_judgment_options(p)
 
 
 def config_from_args(args) -> EvaluateConfig:
     from core.judgments import resolve_judged_set, spec_from_args
-    from evaluation.systems import parse_baselines
+    from core.options import config_from_options
 
-    params = BaselineParams(args.bm25_k1, args.bm25_b, args.ulm_mu, args.plsa_topics, seed=args.seed)
+    settings = config_from_options(EvaluateSettings, args)
+    check_settings(settings)
     return EvaluateConfig(
         judgments=resolve_judged_set(args.judgments, spec_from_args(args)),
         out=args.out,
         models=args.model,
-        baselines=parse_baselines(args.baselines),
+        settings=settings,
         dataset=args.dataset,
         all_queries=args.all_queries,
         dev=args.dev,
         hybrid_dev=args.hybrid_dev,
-        fusions=check_fusions(args.fuse or ["MODEL+bm25"]),
         relevant_at=args.relevant_at,
         min_label=args.min_label,
         mlflow_uri=args.mlflow_uri,
         experiment=args.experiment,
         force=args.force,
-        retrieval=args.retrieval,
-        baseline_params=params,
     )
 
 

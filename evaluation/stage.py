@@ -14,13 +14,17 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
     queries of the negatives) against the baselines; its report.json is the flow's report. The judged
     set is the run's, or the one the judge stage graded from the logs' clicks."""
+    from dataclasses import fields
+
+    from evaluation.config import EvaluateSettings
     from evaluation.evaluate import EvaluateConfig, evaluate
-    from evaluation.systems import parse_baselines
     from jobs.judge.config import CLICK_RELEVANT, CLICK_SCALE, judged_set
 
     out, section = ctx.layout.evaluate, ctx.cfg.evaluate
     judged = judged_set(ctx.judged, judge)
     checkpoints = [t.path for t in train]
+    settings = EvaluateSettings(**{f.name: getattr(section, f.name) for f in fields(EvaluateSettings)})
+    settings.retrieval = settings.retrieval or ctx.cfg.gate.metric != "ndcg@10"  # the gate compares what it measured
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:
@@ -28,13 +32,10 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
             judgments=judged,
             out=out,
             models=checkpoints,
-            baselines=parse_baselines(",".join(section.baselines)),
+            settings=settings,
             hybrid_dev=Path(negatives.path) if section.hybrid else None,
-            fusions=section.fusions,
             mlflow_uri=ctx.mlflow_uri,
             force=ctx.force,
-            # the gate compares what evaluate measured
-            retrieval=section.retrieval or ctx.cfg.gate.metric != "ndcg@10",
             # the scale's, not the set's lowest and highest grades: a night whose grades miss an end scores alike
             min_label=CLICK_SCALE[0] if judged.graded_from == "clicks" else None,
             relevant_at=CLICK_RELEVANT if judged.graded_from == "clicks" else None,

@@ -16,12 +16,11 @@ from typing import Any
 from core.artifacts import sha256_file
 from core.errors import DssmError
 from core.judgments import JudgedPair
+from evaluation.config import BASELINES
 from scoring import lexical, neural
 from scoring.hybrid import Scorer
 
 log = logging.getLogger(__name__)
-
-BASELINES = ("bm25", "doc2vec", "ulm", "plsa", "minilm")
 
 
 @dataclass
@@ -72,14 +71,6 @@ def build_baseline(name: str, judged: list[JudgedPair], params: BaselineParams =
     if name == "minilm":
         return System(name, "baseline", neural.MiniLMEmbedder(), {"model": "all-MiniLM-L6-v2"})
     raise DssmError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
-
-
-def parse_baselines(spec: str) -> list[str]:
-    names = [n.strip() for n in spec.split(",") if n.strip()] if spec else []
-    unknown = [n for n in names if n not in BASELINES]
-    if unknown:
-        raise DssmError(f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINES)}")
-    return list(dict.fromkeys(names))
 
 
 def load_trained(spec: str) -> System:

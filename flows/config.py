@@ -21,7 +21,7 @@ from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
-from evaluation.config import GateConfig
+from evaluation.config import EvaluateSettings, GateConfig
 from jobs.clean.config import CleanConfig
 from jobs.judge.config import JudgeConfig
 from jobs.mine.config import MineConfig
@@ -70,14 +70,15 @@ class TrainSection(TrainConfig):
 
 
 @dataclass
-class EvaluateSection:
-    baselines: list[str] = field(default_factory=lambda: ["bm25"])  # beside the models: bm25,doc2vec,ulm,plsa,minilm
-    hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
+class EvaluateSection(EvaluateSettings):
+    """`dssm evaluate`'s settings with the flow's defaults, and whether to fit hybrids."""
+
     # each hybrid: scorers joined by +, from bm25, minilm (the bundled all-MiniLM-L6-v2), MODEL (each trained model)
     # or a trained model's name (minilm-ft); the default's 3-way fusion: docs/studies/pretrained-fusion-distillation.md
     fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25", "MODEL+bm25+minilm"])
     # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
     retrieval: bool = True
+    hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
 
 
 @dataclass
@@ -274,12 +275,9 @@ def validate(cfg: RunConfig) -> None:
         raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
     for encoder in dict.fromkeys([*cfg.train.encoders(), *cfg.train.per_encoder]):
         validate_training(cfg.train.for_encoder(encoder))  # a bad training setting fails before any stage runs
-    from evaluation.systems import parse_baselines
+    from evaluation.config import check_settings
 
-    parse_baselines(",".join(cfg.evaluate.baselines))
-    from evaluation.evaluate import check_fusions
-
-    check_fusions(cfg.evaluate.fusions)
+    check_settings(cfg.evaluate)
     for section in dataclasses.fields(cfg):  # a stage's config module may hold check_config(its section)
         value = getattr(cfg, section.name)
         check = getattr(sys.modules.get(type(value).__module__), "check_config", None)

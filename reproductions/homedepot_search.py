@@ -60,7 +60,7 @@ def main() -> None:
     models = [layout.train("lstm"), *(layout.train(f"lstm-seed{s}") for s in SEEDS), layout.train("minilm")]
     dssm("evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", "bm25,minilm",
          "--retrieval", "--hybrid-dev", str(layout.negatives), f"--mlflow-uri={store}",
-         *(f"--fuse={f}" for f in FUSIONS), *(a for m in models for a in ("--model", str(m))))  # fmt: skip
+         f"--fusions={','.join(FUSIONS)}", *(a for m in models for a in ("--model", str(m))))  # fmt: skip
     names = ["lstm", *(f"lstm-seed{s}" for s in SEEDS)]  # evaluate names models of one encoder by their run dir
     hybrids = [f.removeprefix("MODEL") for f in FUSIONS if f.startswith("MODEL")]
     print(retrieval_table(out, "lstm", {"": names} | {h: [f"{n}{h}" for n in names] for h in hybrids}))

@@ -92,7 +92,7 @@ def main() -> None:
         evaluate += ["--dev", str(Layout(work).negatives)]
     else:  # each model + BM25, the fusion weights fit on the validation queries (scoring/hybrid.py,
         # scoring/fusion.py), and PROTOCOL.md §8's retrieval from the whole catalogue beside Table IV
-        evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval", *(f"--fuse={f}" for f in FUSIONS)]
+        evaluate += ["--hybrid-dev", str(Layout(work).negatives), "--retrieval", f"--fusions={','.join(FUSIONS)}"]
     models = [layout.train(e) for e in encoders] + extra
     dssm(*evaluate, *[a for m in models for a in ("--model", str(m))])
     print((out / "report.md").read_text())

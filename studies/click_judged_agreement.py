@@ -77,7 +77,7 @@ def main() -> None:
         out = work / f"agree-{name}"
         models = [a for e in ENCODERS for a in ("--model", str(layout.train(e)))]
         dssm("evaluate", "--judgments", str(path), *spec, "--out", str(out), "--baselines", "bm25,minilm",
-             "--retrieval", "--hybrid-dev", str(layout.negatives), "--fuse", "MODEL+bm25",
+             "--retrieval", "--hybrid-dev", str(layout.negatives), "--fusions", "MODEL+bm25",
              f"--mlflow-uri={store}", *models)  # fmt: skip
         reports[name] = json.loads((out / "report.json").read_text())
     result = agreement(reports)

@@ -87,7 +87,7 @@ def evaluate(workdir: Path, judgments: Path, out: Path, test: bool = False) -> d
     split = [] if test else ["--dev", str(workdir / "negatives")]
     dssm("evaluate", "--judgments", str(judgments), "--out", str(out), "--baselines", "bm25,minilm", "--retrieval",
          "--hybrid-dev", str(workdir / "negatives"), *split,
-         f"--mlflow-uri=sqlite:///{workdir / 'study.db'}", *(f"--fuse={f}" for f in FUSIONS),
+         f"--mlflow-uri=sqlite:///{workdir / 'study.db'}", f"--fusions={','.join(FUSIONS)}",
          *(a for m in models for a in ("--model", str(m))))  # fmt: skip
     return json.loads((out / "report.json").read_text())
 

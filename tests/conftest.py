@@ -276,6 +276,21 @@ def tiny_model(data: Path, out: Path, *overrides: str) -> Path:
     return out
 
 
+def evaluate_register_gate(*args: str) -> list[dict]:
+    """`dssm evaluate ARGS`, then `dssm register` and `dssm gate` of its --out OUT into OUT-register and
+    OUT-gate, as the flow's three stages do; returns the gate's decisions."""
+    import json
+
+    from dssm.cli import main
+
+    assert main(["evaluate", *args]) == 0
+    out = Path(args[args.index("--out") + 1])
+    registered, gated = out.with_name(f"{out.name}-register"), out.with_name(f"{out.name}-gate")
+    assert main(["register", "--evaluation", str(out), "--out", str(registered)]) == 0
+    assert main(["gate", "--registered", str(registered), "--out", str(gated)]) == 0
+    return json.loads((gated / "gate.json").read_text())
+
+
 def write_judged(path: Path, test: bool = True) -> Path:
     """Queries `attribute product` from the tiny domain; two titles of the product (label 3), four of others (1)."""
     import csv

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from conftest import free_port, http_service, tiny_model, write_judged
+from conftest import evaluate_register_gate, free_port, http_service, tiny_model, write_judged
 
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
@@ -39,14 +39,9 @@ def mlflow_server(tmp_path_factory):
 
 
 def evaluate(*args: str) -> dict:
-    """`dssm evaluate ARGS`, then `dssm register` and `dssm gate` of it into OUT-register and OUT-gate:
-    the report with the gate's decisions."""
-    assert dssm_main(["evaluate", *args]) == 0
-    out = Path(args[args.index("--out") + 1])
-    registered, gated = out.with_name(f"{out.name}-register"), out.with_name(f"{out.name}-gate")
-    assert dssm_main(["register", "--evaluation", str(out), "--out", str(registered)]) == 0
-    assert dssm_main(["gate", "--registered", str(registered), "--out", str(gated)]) == 0
-    return json.loads((out / "report.json").read_text()) | {"gate": json.loads((gated / "gate.json").read_text())}
+    """The report of `dssm evaluate ARGS` with the decisions of its register and gate."""
+    gate = evaluate_register_gate(*args)
+    return json.loads((Path(args[args.index("--out") + 1]) / "report.json").read_text()) | {"gate": gate}
 
 
 @pytest.mark.integration  # more than one process

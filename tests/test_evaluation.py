@@ -222,7 +222,8 @@ def test_a_hybrid_of_several_scorers_weighs_each_on_the_dev_split_and_the_grid_k
 
 def test_fusion_specs_expand_model_once_per_trained_model_and_refuse_what_cannot_fuse():
     from core.errors import DssmError
-    from evaluation.evaluate import check_fusions, fusion_names
+    from evaluation.config import check_fusions
+    from evaluation.evaluate import fusion_names
 
     assert fusion_names("MODEL+bm25+minilm", "lstm") == ["lstm", "bm25", "minilm"]
     assert fusion_names("MODEL+bm25", None) is None  # a MODEL spec needs a model

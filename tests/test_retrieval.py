@@ -18,7 +18,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_ATTRIBUTES, TINY_PRODUCTS, free_port, http_service, tiny_model, write_index, write_judged
+from conftest import (
+    TINY_ATTRIBUTES,
+    TINY_PRODUCTS,
+    evaluate_register_gate,
+    free_port,
+    http_service,
+    tiny_model,
+    write_index,
+    write_judged,
+)
 
 from dssm.cli import main as dssm_main
 from modeling.checkpoint import read_checkpoint
@@ -33,7 +42,7 @@ def registered(tiny_data, tmp_path_factory) -> dict:
     judged = write_judged(root / "judged.csv")
     uri = f"sqlite:///{root}/mlflow.db"
     args = ["--judgments", str(judged), "--out", str(root / "eval"), "--mlflow-uri", uri, "--dataset", "tiny"]
-    assert dssm_main(["evaluate", "--model", str(model), *args, "--encoding", "utf-8"]) == 0
+    evaluate_register_gate("--model", str(model), *args, "--encoding", "utf-8")
     return {"root": root, "uri": uri, "checkpoint": model / "last.pt"}
 
 

@@ -104,6 +104,7 @@ def _runners(spark, work: Path):
     """Per stage kind: (output dir, run(variant) -> manifest). Variant 0 and 1 differ in one setting."""
     from analysis.report import AnalyzeConfig, analyze
     from core.judgments import JudgedSetSpec, resolve_judged_set
+    from evaluation.config import EvaluateSettings
     from evaluation.evaluate import EvaluateConfig, evaluate
     from jobs.clean.config import CleanConfig
     from jobs.clean.job import clean
@@ -127,7 +128,8 @@ def _runners(spark, work: Path):
         return simulate(catalogue.pairs(), work / "simulate", cfg, catalogue.describe())
 
     def evaluate_run(v):
-        cfg = EvaluateConfig(judged, work / "eval", [model], ["bm25", "ulm"][: 1 + v], mlflow_uri=uri)
+        settings = EvaluateSettings(baselines=["bm25", "ulm"][: 1 + v])
+        cfg = EvaluateConfig(judged, work / "eval", [model], settings, mlflow_uri=uri)
         evaluate(cfg)
         return read_manifest(work / "eval")
 
