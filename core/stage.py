@@ -22,6 +22,7 @@ from core.artifacts import altered, read_manifest
 from core.errors import StageFailed
 from core.judgments import JudgedSet
 from core.layout import Layout
+from core.stopping import stop_behind
 
 if TYPE_CHECKING:
     from flows.config import RunConfig
@@ -89,6 +90,9 @@ def failing_as(stage: str, source: str | Path) -> Iterator[None]:
     except StageFailed:
         raise
     except Exception as e:  # KeyboardInterrupt passes through: an interrupt is not a stage failure
+        stop = stop_behind(e)
+        if stop is not None:  # a stop a library caught and turned into its own error: still a stop
+            raise stop from e
         raise StageFailed(stage, str(source), e) from e
 
 

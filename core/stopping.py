@@ -5,15 +5,20 @@ The first signal raises `Stopped` (a KeyboardInterrupt) in the main thread: what
 so a stage publishes nothing (outputs are renamed into place only when complete), training leaves its
 last checkpoint, and the MLflow runs are ended KILLED on the way out; the next run resumes. Further
 SIGTERMs and SIGINTs are ignored from then on: one must not cut that cleanup short mid-write. A watchdog
-thread makes sure of the exit: whatever still runs `GRACE_SECONDS` later (a flow engine retrying a
-Prefect server that the same signal ended, a worker thread) is cut off: the process's children are
-terminated and it exits with 128 + the signal's number. Its helpers (Spark's JVM, torchrun, the
-ephemeral Prefect server) are ended by the guardian (flows/guardian.py) once it is gone.
+thread makes sure of the exit: whatever still runs `GRACE_SECONDS` later (a worker thread, a call
+stuck on a JVM the same signal ended) is cut off, its stack printed: the process's children are
+terminated and it exits with 128 + the signal's number. A flow whose ephemeral Prefect server the
+same signal ended exits so at once (`end_now`), once its MLflow runs are closed: Prefect's engine
+would retry the crash report to that server until the deadline. A stop that a library caught and
+turned into an error of its own (py4j) is still a stop (`stop_behind`), not a failure to retry. Its
+helpers (Spark's JVM, torchrun, the ephemeral Prefect server) are ended by the guardian
+(flows/guardian.py) once it is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -53,6 +58,23 @@ def is_stop(error: BaseException) -> bool:
     """Whether `error` is a requested stop: a signal (ours, or Prefect's TerminationSignal, which Prefect
     raises in place of ours while a flow runs) or ^C. MLflow runs so ended are KILLED, not FAILED."""
     return isinstance(error, KeyboardInterrupt) or any(c.__name__ == "TerminationSignal" for c in type(error).__mro__)
+
+
+def stop_behind(error: BaseException) -> BaseException | None:
+    """The stop (is_stop) that `error` was raised while handling, if any: a library that catches every
+    exception (py4j turns the signal's exception, raised in its socket read, into a Py4JNetworkError)
+    must not turn a stop into a failure, which a stage would retry on a JVM the same signal ended."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        if is_stop(error):
+            return error
+        seen.add(id(error))
+        pending += [error.__cause__, error.__context__]
+    return None
 
 
 def signal_of(error: BaseException) -> int:
@@ -101,6 +123,19 @@ def _deadline(signum: int, grace: float) -> None:
     # not through logging: the main thread may hold a handler's lock where it is stuck
     with contextlib.suppress(OSError):
         os.write(2, f"dssm: still running {grace:.0f} s after {signal.Signals(signum).name}: exiting now\n".encode())
+        faulthandler.dump_traceback(all_threads=True)  # where it was stuck, for the report
+    _exit(signum)
+
+
+def end_now(signum: int, why: str) -> None:
+    """Exit at once, as the watchdog would at its deadline: what is left to unwind can only wait (e.g.
+    a flow engine retrying, for up to a minute, a Prefect server that the same signal ended)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"dssm: {why}: exiting now\n".encode())
+    _exit(signum)
+
+
+def _exit(signum: int) -> None:
     for action in _last_words:  # each in a thread of its own: one stuck on a lock the main thread holds is left
         last = threading.Thread(target=_quietly, args=(action,), daemon=True)
         last.start()

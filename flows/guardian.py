@@ -66,3 +66,30 @@ def watch(pid: int) -> list[int]:
 
 if __name__ == "__main__":
     watch(int(sys.argv[1]))
+
+
+def ephemeral_api_gone(wait: float = 2.0) -> bool:
+    """Whether this process ran its flow on Prefect's ephemeral API server and that server is going or
+    gone (a SIGTERM to the process group ends it with the command): the flow run's state can no longer
+    be recorded, and Prefect's engine would retry it for up to a minute. Within `wait` seconds: a server
+    that answers is alive (the signal reached this process alone); one that exits or refuses is gone."""
+    import httpx
+    from prefect.server.api.server import SubprocessASGIServer
+
+    servers = [s for s in SubprocessASGIServer._instances.values() if getattr(s, "server_process", None)]
+    deadline = time.monotonic() + wait
+    while servers:
+        alive = [s for s in servers if s.server_process.poll() is None]
+        if not alive:
+            return True
+        try:
+            if any(httpx.get(f"{s.api_url}/health", timeout=0.3).status_code == 200 for s in alive):
+                return False
+        except httpx.ConnectError:  # it stopped listening: shutting down
+            return True
+        except httpx.HTTPError:  # no answer yet: ask again
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return False

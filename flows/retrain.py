@@ -28,10 +28,11 @@ from core.errors import DssmError
 from core.judgments import resolve_judged_set
 from core.layout import Layout
 from core.stage import RunContext, StageOutput
-from core.stopping import at_deadline, begin, is_stop, signal_of
+from core.stopping import at_deadline, begin, end_now, is_stop, signal_of
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, nested_under
 from flows.config import RunConfig
+from flows.guardian import ephemeral_api_gone
 from flows.parent_run import close_parent, drop_if_empty, open_parent
 from flows.pipeline import PIPELINE, Stage, planned, walk
 from flows.train_stage import default_nproc
@@ -144,6 +145,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                     close_parent(ctx.mlflow_uri, parent, status)
                 except Exception as closing:
                     logger.warning("MLflow: could not mark parent run %s %s: %s", parent, status, closing)
+                if stopped and ephemeral_api_gone():  # nothing is left to record: the watchdog need not wait
+                    end_now(signal_of(e), "Prefect's ephemeral API server ended with the same signal")
                 raise
 
 

@@ -97,3 +97,29 @@ def test_sigterm_to_the_process_group_in_a_spark_stage_stops_the_flow_run(tmp_pa
     client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert runs and all(r.info.status == "KILLED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_a_stop_a_library_turned_into_its_own_error_stays_a_stop():
+    """py4j catches every exception in its socket read, so Prefect's TerminationSignal, raised there by
+    the SIGTERM, came out as a Py4JNetworkError: the stage failed as if the JVM had, was retried on the
+    dead JVM, and the run went on for minutes (its parent run FAILED) instead of stopping."""
+    from core.errors import StageFailed
+    from core.stage import failing_as
+    from core.stopping import Stopped
+
+    def py4j_read(stop: BaseException):
+        try:
+            raise stop
+        except BaseException:
+            raise ConnectionError("Error while sending or receiving") from None  # context kept, as py4j's is
+
+    class TerminationSignal(Exception):  # Prefect's (an Exception, not a KeyboardInterrupt)
+        signal = signal.SIGTERM
+
+    for stop in (TerminationSignal(), Stopped(signal.SIGTERM)):
+        with pytest.raises(type(stop)):
+            with failing_as("clean", "logs/"):
+                py4j_read(stop)
+    with pytest.raises(StageFailed):  # a failure is still a failure
+        with failing_as("clean", "logs/"):
+            py4j_read(ValueError("bad data"))
