@@ -204,6 +204,7 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
         scored = functools.cache(lambda: read_eval_set(Path(doc["evaluation"])))
         metric = metric_key(cfg.metric)
         client = mlflow_client(uri)
+        score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
         decisions = []
         for v in doc["versions"]:
             if cfg.metric not in v["metrics"]:
@@ -211,7 +212,6 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
                     f"gate: {v['system']} was evaluated without {cfg.metric} (the flow: evaluate.retrieval=true, "
                     f"dssm evaluate --retrieval), or gate on ndcg@10"
                 )
-            score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
             value = v["metrics"][cfg.metric]
             decision = champion_gate(client, name, v["version"], value, key, score, v["system"], metric)
             client.set_tag(v["run_id"], "champion_gate", decision.reason)

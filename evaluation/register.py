@@ -76,8 +76,12 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         log.info("%s v%s: registered (%s)", name, version, model.system)
     if run_date:
         client.set_model_version_tag(name, version, "run_date", run_date)
-    return {"system": model.system, "version": version, "model_uri": model_uri, "run_id": model.run_id} | {
-        "metrics": model.metrics
+    return {
+        "system": model.system,
+        "version": version,
+        "model_uri": model_uri,
+        "run_id": model.run_id,
+        "metrics": model.metrics,
     }
 
 
