@@ -3,6 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 READY := $(VENV)/.ready
 ARGS ?=
+# the suite's processes (pytest-xdist), each on its share of the CPUs (tests/conftest.py); 0 runs it in one
+TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: run test test-fast lint bench table4 search-table stack-up stack-down clean-work
 
@@ -19,12 +22,12 @@ run: $(READY)
 ## test: the whole test suite (a real Spark session, real data from ../shared/data where present)
 test: $(READY)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 ## test-fast: ruff, then the unit tests only (not those marked `integration`: real data, multi-process runs)
 test-fast: $(READY)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -m "not integration" $(ARGS)
+	$(PYTEST) -m "not integration" $(ARGS)
 
 ## bench: the data jobs' throughput, clean, vocab and negatives (benchmarks/jobs_bench.py; BENCHMARKS.md)
 bench: $(READY)

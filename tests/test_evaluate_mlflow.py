@@ -34,7 +34,8 @@ def mlflow_server(tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
-    with http_service(cmd, root / "server.log", f"{uri}/health", timeout=90):
+    no_job_runner = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as the stack's (infra/stack.py)
+    with http_service(cmd, root / "server.log", f"{uri}/health", timeout=90, env=no_job_runner):
         yield uri
 
 

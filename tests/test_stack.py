@@ -243,7 +243,7 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         from jobs.simulate.job import simulate
 
         v2 = tmp_path / "simulate-v2"
-        sim = SimulationConfig(impressions=20_000, shards=2, workers=1, log_format=2)
+        sim = SimulationConfig(impressions=5_000, shards=2, workers=1, log_format=2)
         simulate(default_pairs, v2, sim, {"path": "default", "sha256": "default"})
         local = clean(spark, str(v2), tmp_path / "clean-v2-local")
         on_cluster = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(v2)]
@@ -261,9 +261,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         started = time.monotonic()
         clean = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(pipeline["simulate"])]
         clean += ["--out", str(tmp_path / "lost"), "--master", state["urls"]["spark"]]
-        lost_env = {**os.environ, "DSSM_SPARK_NO_EXECUTOR_TIMEOUT": "10"}
+        lost_env = {**os.environ, "DSSM_SPARK_NO_EXECUTOR_TIMEOUT": "5"}
         proc = subprocess.run(clean, env=lost_env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 2 and "has had no executors for 10s" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 2 and "has had no executors for 5s" in proc.stderr, proc.stderr[-2000:]
         assert time.monotonic() - started < 120 and not (tmp_path / "lost").exists()
     finally:
         if serve is not None:

@@ -36,6 +36,7 @@ from core.artifacts import code_fingerprint, publish
 from core.config import check_choices
 from core.errors import DssmError
 from core.judgments import JudgedPair
+from core.machine import usable_cpus
 from core.schemas import CATALOGUE, TEST_PAIRS
 from core.text import is_test_query, norm
 from jobs.simulate.config import (
@@ -452,7 +453,7 @@ def simulate(
         suffix = ".jsonl.gz" if cfg.gzip else ".jsonl"
         (tmp / "logs").mkdir()
         jobs = [(cat, cfg, s, tmp / "logs" / f"part-{s:05d}{suffix}") for s in range(shards)]
-        workers = min(shards, cfg.workers or multiprocessing.cpu_count())
+        workers = min(shards, cfg.workers or usable_cpus())
         totals = {"impressions": 0, "bot_impressions": 0, "lines": 0}
         with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else nullcontext() as pool:
             for counts in pool.imap(_shard_job, jobs) if pool else map(_shard_job, jobs):
