@@ -42,6 +42,16 @@ def post(url: str, body: dict) -> list | dict:
         return json.loads(response.read())
 
 
+def post_when_up(url: str, body: dict) -> list | dict | None:
+    """`post`, or None while the server answers 503: busy starting up (on one core, for a minute)."""
+    try:
+        return post(url, body)
+    except urllib.error.HTTPError as e:
+        if e.code != 503:
+            raise
+        return None
+
+
 def wait_until(what: str, check, timeout: float, proc: subprocess.Popen, log) -> object:
     deadline = time.monotonic() + timeout
     while True:
@@ -322,13 +332,12 @@ def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_r
         try:
 
             def deployment():
-                try:
-                    return next((d for d in post(f"{api}/deployments/filter", {}) if d["name"] == "stop-probe"), None)
-                except urllib.error.HTTPError:  # 503 while the server is still busy starting up
-                    return None
+                found = post_when_up(f"{api}/deployments/filter", {}) or []
+                return next((d for d in found if d["name"] == "stop-probe"), None)
 
             served = wait_until("deployment registered", deployment, 120, serve, log)
-            flow_run = post(f"{api}/deployments/{served['id']}/create_flow_run", {})  # now, not at 03:00
+            create = f"{api}/deployments/{served['id']}/create_flow_run"
+            flow_run = wait_until("flow run created", lambda: post_when_up(create, {}), 60, serve, log)  # not at 03:00
             wait_until("training", lambda: (work / "train" / "lstm" / "last.pt").exists(), 300, serve, log)
             family = psutil.Process(serve.pid).children(recursive=True)  # the flow run's process, Spark's JVM
             started = time.monotonic()
