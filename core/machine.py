@@ -10,3 +10,8 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # no affinity masks on this OS
         return os.cpu_count() or 1
+
+
+def cpus_per_process(processes: int) -> int:
+    """An even share of `usable_cpus()` for each of `processes` processes (at least one)."""
+    return max(1, usable_cpus() // processes)

@@ -108,6 +108,11 @@ def prefect_security(host: str, port: int) -> dict[str, str]:
     }
 
 
+# No job runner: MLflow's GenAI jobs are none of the project's, and the runner's process made the
+# server start ~3 s and stop ~2 s slower (10 s on a busy core)
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     import pyspark
 
@@ -133,9 +138,7 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
              "--allowed-hosts", ",".join(mlflow_hosts), "--cors-allowed-origins", ",".join(mlflow_origins)],
             # the store's URL (its password) in the environment, which only this user reads: every local
             # user reads a command line (`ps`)
-            # No job runner: MLflow's GenAI jobs are none of the project's, and the runner's process made
-            # the server start ~3 s and stop ~2 s slower (10 s on a busy core)
-            {"MLFLOW_BACKEND_STORE_URI": backend, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            {"MLFLOW_BACKEND_STORE_URI": backend, **MLFLOW_SERVER_ENV},
         ),
         "prefect": (
             [sys.executable, "-m", "infra.prefect_server", "--host", cfg.host, "--port", str(cfg.prefect_port),

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from core.errors import DssmError
-from core.machine import usable_cpus
+from core.machine import cpus_per_process
 from modeling.checkpoint import newest_checkpoint
 from modeling.config import TrainConfig, load_config
 from modeling.data import plan, train_files
@@ -119,7 +119,7 @@ def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | 
         if on_change:
             argv += ["--on-change", on_change]
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
+        env.setdefault("OMP_NUM_THREADS", str(cpus_per_process(nproc)))
         proc = subprocess.Popen(argv, env=env)
         try:
             return proc.wait()

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from core.artifacts import code_fingerprint, lineage, require_manifest
 from core.errors import DssmError
 from core.layout import Layout
-from core.machine import usable_cpus
+from core.machine import cpus_per_process
 from core.stopping import is_stop
 from core.tracking import default_tracking_uri
 from modeling.checkpoint import LAST, save_checkpoint, warm_start
@@ -71,7 +71,7 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
 
 def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     device = pick_device(cfg, d.local_rank)
-    torch.set_num_threads(cfg.threads or max(1, usable_cpus() // d.world))
+    torch.set_num_threads(cfg.threads or cpus_per_process(d.world))
     inputs = load_inputs(cfg)
     # training data is the project's own and re-read every epoch: a larger cache than a served model's
     tokenizer = tokenizer_for(cfg.model, inputs.vocab, cache_size=1_000_000)

@@ -18,6 +18,7 @@ from conftest import evaluate_register_gate, free_port, http_service, tiny_model
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
 from evaluation.gate import champion_gate
+from infra.stack import MLFLOW_SERVER_ENV
 from modeling.checkpoint import read_checkpoint
 from scoring.neural import TwoTowerEmbedder
 
@@ -34,8 +35,7 @@ def mlflow_server(tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
-    no_job_runner = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # as the stack's (infra/stack.py)
-    with http_service(cmd, root / "server.log", f"{uri}/health", timeout=90, env=no_job_runner):
+    with http_service(cmd, root / "server.log", f"{uri}/health", timeout=90, env={**os.environ, **MLFLOW_SERVER_ENV}):
         yield uri
 
 
