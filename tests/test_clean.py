@@ -43,16 +43,18 @@ def test_pairs_are_normalised_and_counted(pipeline):
     assert {p["title"] for p in pairs} <= titles
 
 
-def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline):
+def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline, tmp_path):
     from jobs.spark import LazySpark
 
-    before = read_manifest(pipeline["clean"])
+    out = tmp_path / "clean"  # a copy: the session's pipeline is read by other tests meanwhile (make test's workers)
+    shutil.copytree(pipeline["clean"], out)
+    before = read_manifest(out)
     lazy = LazySpark()
-    assert clean(lazy, str(pipeline["simulate"]), pipeline["clean"]) == before | {"skipped": True}
+    assert clean(lazy, str(pipeline["simulate"]), out) == before | {"skipped": True}
     assert lazy._session is None  # up to date: no session was asked for (the flow starts no JVM)
-    again = clean(spark, str(pipeline["simulate"]), pipeline["clean"], force=True)
+    again = clean(spark, str(pipeline["simulate"]), out, force=True)
     assert again["content_sha256"] == before["content_sha256"]
-    assert content_sha256(pipeline["clean"]) == before["content_sha256"]
+    assert content_sha256(out) == before["content_sha256"]
 
 
 def _write_lines(path, lines):
