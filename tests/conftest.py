@@ -14,11 +14,21 @@ SHARED_DATA = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().p
 HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
 
 
-# The longest modules (`--durations`: the stack's, the flow tests, Table IV), handed out first: with
-# `make test`'s two workers (pytest-xdist, a module per worker at a time) the other worker meanwhile
-# takes the many short modules, and neither is left alone with a long one at the end. xdist would
-# otherwise hand out the modules with the most tests first (pytest_configure turns that off).
-LONGEST_FIRST = ("test_stack.py", "test_flows.py", "test_table4.py", "test_training.py", "test_stopping.py")
+# The modules over a minute, longest first (their summed `--durations` in `make test`, 2026-11-27): with
+# `make test`'s two workers (pytest-xdist, a module per worker at a time) each takes the next one as it
+# finishes one, the many short modules fill in last, and neither is left alone with a long one at the end.
+# xdist would otherwise hand out the modules with the most tests first (pytest_configure turns that off).
+LONGEST_FIRST = (
+    "test_flows.py",  # 382 s
+    "test_stack.py",  # 347 s
+    "test_table4.py",  # 243 s
+    "test_training.py",  # 148 s
+    "test_clean.py",  # 99 s
+    "test_stages.py",  # 83 s
+    "test_negatives.py",  # 81 s
+    "test_judge.py",  # 76 s
+    "test_stopping.py",  # 57 s
+)
 
 
 def pytest_configure(config):
