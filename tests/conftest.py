@@ -153,7 +153,7 @@ def built_once_per_run(tmp_path_factory, name: str) -> Iterator[tuple[Path, bool
 
 
 @pytest.fixture(scope="session")
-def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
+def pipeline(default_pairs, tmp_path_factory, request) -> dict[str, Path]:
     """simulate -> clean -> vocab -> negatives on 20k impressions of the embedded catalogue, built once
     per test run (~45 s on one core): the workers of `make test` read the same folders."""
     from jobs.clean.job import clean
@@ -165,6 +165,7 @@ def pipeline(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
 
     with built_once_per_run(tmp_path_factory, "pipeline") as (work, build):
         if build:
+            spark = request.getfixturevalue("spark")  # only the worker that builds it needs a session for it
             simulate(
                 default_pairs,
                 work / "simulate",

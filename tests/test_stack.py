@@ -79,6 +79,12 @@ def stop(serve: subprocess.Popen) -> None:
 ONE_HYBRID = ["evaluate.fusions=[MODEL+bm25]", "gate.metric=ndcg@10"]
 
 
+def assert_same_rows(cleaned: Path, reference: Path) -> None:
+    """Two clean outputs hold the same rows in the same order (compressed bytes may differ between JVM set-ups)."""
+    for dataset in ("pairs", "titles", "rejects"):
+        assert pq.read_table(cleaned / dataset).equals(pq.read_table(reference / dataset)), dataset
+
+
 def champion_is_the_best(client, name: str) -> tuple[str, float]:
     """The `champion` of registered model `name` is the version with the best gate metric among all
     measured on its eval set, and its evaluation run logged that metric: (version, metric)."""
@@ -160,7 +166,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         simulate(default_pairs, v2, sim, {"path": "default", "sha256": "default"})
         on_cluster = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(v2)]
         on_cluster += ["--out", str(tmp_path / "clean-v2"), "--master", state["urls"]["spark"]]
-        cluster_clean = subprocess.Popen(on_cluster, env=env, stderr=subprocess.PIPE, text=True)
+        cluster_log = tmp_path / "clean-v2.log"  # a file, not a pipe that nobody reads while the schedule runs
+        with open(cluster_log, "w") as out:
+            cluster_clean = subprocess.Popen(on_cluster, env=env, stdout=out, stderr=subprocess.STDOUT)
         local = clean(spark, str(v2), tmp_path / "clean-v2-local")
 
         def finished_run():
@@ -171,13 +179,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
 
         # a few minutes alone; 420s was overrun on 2 cores at load 11-16 (other jobs), before and after --database
         run = wait_until("a scheduled run completed", finished_run, 900, serve, log)
-        _, said = cluster_clean.communicate(timeout=300)
-        assert cluster_clean.returncode == 0, said[-2000:]
+        assert cluster_clean.wait(300) == 0, cluster_log.read_text()[-2000:]
         assert read_manifest(tmp_path / "clean-v2")["counts"] == local["counts"]
-        for dataset in ("pairs", "titles", "rejects"):
-            assert pq.read_table(tmp_path / "clean-v2" / dataset).equals(
-                pq.read_table(tmp_path / "clean-v2-local" / dataset)
-            )
+        assert_same_rows(tmp_path / "clean-v2", tmp_path / "clean-v2-local")
         stop(serve)  # Ctrl-C: the schedule pauses; no second scheduled run starts beside what follows
         serve = None
         assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
@@ -206,8 +210,7 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         # the same counts and rows, in the same order, as the local[2] run of the session pipeline
         # (compressed bytes may differ between JVM set-ups; a rerun on one set-up is byte-identical)
         assert read_manifest(work / "clean")["counts"] == read_manifest(pipeline["clean"])["counts"]
-        for dataset in ("pairs", "titles", "rejects"):
-            assert pq.read_table(work / "clean" / dataset).equals(pq.read_table(pipeline["clean"] / dataset))
+        assert_same_rows(work / "clean", pipeline["clean"])
         # ... and every run went to the stack's MLflow server
         import mlflow
 
