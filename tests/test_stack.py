@@ -5,7 +5,8 @@ schedules a run, the runner executes the flow against the stack's Spark and MLfl
 ingests the session pipeline's raw logs, so the clean job's output on the standalone cluster can be
 compared row for row with the local[2] run: the same job code, only the master differs. Then two
 `dssm run` at once against the same servers and registered model: the champion alias ends on the
-best version. A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too."""
+best version. A v2 log (doc ids and a catalogue side table) is cleaned on the cluster and locally too,
+and the servers grant no foreign origin or host."""
 
 import contextlib
 import json
@@ -154,6 +155,8 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
         registered = wait_until("deployment registered", deployment, 120, serve, log)
         assert [s["schedule"]["cron"] for s in registered["schedules"] if s["active"]] == ["* * * * *"]
         assert registered["parameters"]["config"]["workdir"] == str(work)  # one parameter, the run config
+
+        assert_no_other_origin_or_host(cfg)  # the servers as `dssm stack up` starts them, while the schedule waits
 
         # While the schedule waits for its minute (an idle core, up to 60 s), a v2 log (doc ids, titles in the
         # catalogue side table, the vectorised parser on the executors) is cleaned on the cluster and locally
@@ -389,39 +392,38 @@ FOREIGN = "http://attacker.example"
 ACAO = "Access-Control-Allow-Origin"
 
 
-def test_the_stack_servers_grant_no_other_origin_or_host(tmp_path):
-    """Prefect used to answer `Access-Control-Allow-Origin: *` to any page, POSTs included; now only
-    the stack's own origin (by IP or as localhost) is granted. Both refuse foreign Host headers (a
-    rebound DNS name); MLflow refuses cross-origin writes."""
-    cfg = stack.StackConfig(root=tmp_path / "stack", prefect_port=free_port(), mlflow_port=free_port())
-    with stack_service(cfg, "prefect"), stack_service(cfg, "mlflow"):
-        api, port = cfg.urls["prefect"], cfg.prefect_port
-        json_post = {"Content-Type": "application/json"}
-        status, headers, _ = request(f"{api}/flow_runs/filter", "POST", {"Origin": FOREIGN, **json_post}, b"{}")
-        assert status == 200 and headers.get(ACAO) is None  # answered, but no browser lets the page read it
-        preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
-        status, headers, body = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": FOREIGN, **preflight})
-        assert (status, headers.get(ACAO)) == (400, None), body  # so a page's JSON POST is never sent
-        for own in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
-            status, headers, _ = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": own, **preflight})
-            assert (status, headers.get(ACAO)) == (200, own)
-            assert "POST" in headers.get("Access-Control-Allow-Methods", "")
-        status, _, body = request(f"{api}/flow_runs/filter", "POST", {"Host": "attacker.example", **json_post}, b"{}")
-        assert status == 400 and b"Invalid host header" in body  # Prefect 3 answered it: infra/prefect_server.py
-        status, _, _ = request(f"{api}/health", headers={"Host": f"localhost:{port}"})
-        assert status == 200
-
-        mlflow = f"{cfg.urls['mlflow']}/api/2.0/mlflow/experiments"
-        status, _, body = request(f"{mlflow}/search?max_results=1", headers={"Host": "attacker.example"})
-        assert status == 403 and b"Invalid Host header" in body  # a rebound DNS name is refused
-        create = json.dumps({"name": "from-a-web-page"}).encode()
-        status, headers, body = request(f"{mlflow}/create", "POST", {"Origin": FOREIGN, **json_post}, create)
-        assert status == 403 and b"Cross-origin request blocked" in body and headers.get(ACAO) is None
-        status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": FOREIGN})
-        assert status == 200 and headers.get(ACAO) is None
-        own = f"http://127.0.0.1:{cfg.mlflow_port}"
-        status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": own})
+def assert_no_other_origin_or_host(cfg: stack.StackConfig) -> None:
+    """The stack's servers grant no other origin or host. Prefect used to answer
+    `Access-Control-Allow-Origin: *` to any page, POSTs included; now only the stack's own origin (by
+    IP or as localhost) is granted. Both refuse foreign Host headers (a rebound DNS name); MLflow
+    refuses cross-origin writes."""
+    api, port = cfg.urls["prefect"], cfg.prefect_port
+    json_post = {"Content-Type": "application/json"}
+    status, headers, _ = request(f"{api}/flow_runs/filter", "POST", {"Origin": FOREIGN, **json_post}, b"{}")
+    assert status == 200 and headers.get(ACAO) is None  # answered, but no browser lets the page read it
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    status, headers, body = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": FOREIGN, **preflight})
+    assert (status, headers.get(ACAO)) == (400, None), body  # so a page's JSON POST is never sent
+    for own in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+        status, headers, _ = request(f"{api}/flow_runs/filter", "OPTIONS", {"Origin": own, **preflight})
         assert (status, headers.get(ACAO)) == (200, own)
+        assert "POST" in headers.get("Access-Control-Allow-Methods", "")
+    status, _, body = request(f"{api}/flow_runs/filter", "POST", {"Host": "attacker.example", **json_post}, b"{}")
+    assert status == 400 and b"Invalid host header" in body  # Prefect 3 answered it: infra/prefect_server.py
+    status, _, _ = request(f"{api}/health", headers={"Host": f"localhost:{port}"})
+    assert status == 200
+
+    mlflow = f"{cfg.urls['mlflow']}/api/2.0/mlflow/experiments"
+    status, _, body = request(f"{mlflow}/search?max_results=1", headers={"Host": "attacker.example"})
+    assert status == 403 and b"Invalid Host header" in body  # a rebound DNS name is refused
+    create = json.dumps({"name": "from-a-web-page"}).encode()
+    status, headers, body = request(f"{mlflow}/create", "POST", {"Origin": FOREIGN, **json_post}, create)
+    assert status == 403 and b"Cross-origin request blocked" in body and headers.get(ACAO) is None
+    status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": FOREIGN})
+    assert status == 200 and headers.get(ACAO) is None
+    own = f"http://127.0.0.1:{cfg.mlflow_port}"
+    status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": own})
+    assert (status, headers.get(ACAO)) == (200, own)
 
 
 def test_one_database_url_gives_each_server_its_own_database_and_driver(postgres_url, tmp_path):

@@ -9,16 +9,20 @@ pins that run's rows, the LSTM-RNN and its hybrid with BM25 (BENCHMARKS.md, "CI'
 the logs are v2 (doc ids and a catalogue; they clean to v1's rows, tests/test_clean.py), clean
 writes no impressions/, so there is no propensity stage (the config does not debias), and no
 index is built. The training rows are `make table4`'s (the same bytes on this VM; their counts are pinned).
-Skipped where ../shared/data is absent.
+The run's data stages are also the data jobs' test on the real judgments: the protocol's test subset held
+out of the logs, the counts reconciled from simulate to negatives. Skipped where ../shared/data is absent.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from core.artifacts import read_manifest
 from core.judgments import read_judgments
 from dssm.cli import main as dssm_main
 from evaluation.systems import build_baseline
@@ -59,10 +63,41 @@ def test_bm25_reproduces_the_protocol_reference_row(hd_pairs):
     assert row(hd_pairs, "bm25") == pytest.approx(REFERENCE["bm25"], abs=0.2)
 
 
-def test_lstm_rnn_row_of_table_iv(home_depot, tmp_path):
-    work = tmp_path / "work"
+@pytest.fixture(scope="module")
+def table4_run(home_depot, tmp_path_factory) -> Path:
+    """The flow's work directory after the pinned run: its data stages are also the data jobs' test on Home Depot."""
+    work = tmp_path_factory.mktemp("table4") / "work"
     data = ["--judgments", str(home_depot), "--workdir", str(work)]
     assert dssm_main(["run", "--config", str(CHOSEN), *data, "--epochs", str(CI_EPOCHS), *UNUSED, *PINNED_ONLY]) == 0
+    return work
+
+
+def test_the_data_jobs_on_home_depot_hold_out_the_test_queries_and_reconcile(table4_run, hd_pairs):
+    assert len(hd_pairs) == 74_067
+    work = table4_run
+    # PROTOCOL.md §4: the evaluation subset of the held-out test pairs
+    by_query = defaultdict(list)
+    for pair in pq.read_table(work / "simulate" / "test_pairs.parquet").to_pylist():
+        by_query[pair["query_norm"]].append(pair["label"])
+    subset = {q: labels for q, labels in by_query.items() if len(labels) >= 5 and len(set(labels)) >= 2}
+    assert (len(subset), sum(map(len, subset.values()))) == (1_580, 13_065)
+    manifests = {stage: read_manifest(work / stage) for stage in ("simulate", "clean", "vocab", "negatives")}
+    counts = {stage: m["counts"] for stage, m in manifests.items()}
+    c = counts["clean"]
+    assert c["lines_read"] == counts["simulate"]["lines"] == c["kept"] + c["rejected"]
+    assert c["queries"] > 2_000 and c["titles"] > 10_000
+    clicked = pq.read_table(work / "clean" / "pairs").column("query").to_pylist()
+    assert not set(by_query) & set(clicked)  # no test query reaches the logs
+    trigrams = counts["vocab"]["trigrams"]
+    assert 5_000 < trigrams["size"] <= 50_000 and trigrams["coverage"] > 0.99
+    n = counts["negatives"]
+    assert n["train_rows"] + n["valid_rows"] == c["pairs"]
+    for stage in ("vocab", "negatives"):
+        assert manifests[stage]["inputs"]["clean"]["sha256"] == manifests["clean"]["content_sha256"]
+
+
+def test_lstm_rnn_row_of_table_iv(table4_run):
+    work = table4_run
     stages = {s["stage"]: s for s in json.loads((work / "report.json").read_text())["pipeline"]["stages"]}
     assert NEGATIVES.items() <= stages["negatives"]["counts"].items() and "propensity" not in stages
     report = json.loads((work / "eval" / "report.json").read_text())
