@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.lstm import KeywordRule, keyword_counts, top_cells, trace_text
+from analysis.config import KeywordRule
+from analysis.lstm import keyword_counts, top_cells, trace_text
 from scoring.neural import TwoTowerEmbedder
 
 

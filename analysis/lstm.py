@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from analysis.config import KeywordRule
 from core.errors import DssmError
 from core.text import norm
 from modeling.encoders import ENCODERS
@@ -36,15 +37,6 @@ class Trace:
     @property
     def bidirectional(self) -> bool:
         return "bw_y" in self.series
-
-
-@dataclass(frozen=True)
-class KeywordRule:
-    """When a word counts as read by a cell, and as a keyword (Tables I-II)."""
-
-    top: int = 10  # the most active cells considered
-    threshold: float = 0.25  # a cell moves when |Δy| > threshold × the text's largest |y| of those cells
-    share: float = 0.4  # a keyword moves more than this share of them (in both directions, if bidirectional)
 
 
 def trace_texts(model: TwoTower, tokenizer: Tokenizer, texts: list[str], tower: str = "query") -> list[Trace]:

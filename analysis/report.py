@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.compare import plot_cost_curves, training_curve
-from analysis.lstm import KeywordRule
+from analysis.config import AnalyzeSettings, check_settings
 from analysis.sections import pair_section, probe_section, test_section
 from core.artifacts import code_fingerprint, publish, sha256_file
 from core.errors import DssmError
@@ -34,12 +34,8 @@ class AnalyzeConfig:
     out: Path
     compare: str | None = None  # a second model (e.g. the RNN) for Tables V-VIII and Fig. 7
     judgments: JudgedSet | None = None  # its test queries feed Table III; pairs are drawn from them
-    pairs: list[tuple[str, str]] = field(default_factory=list)  # chosen (query, title) pairs
-    n_pairs: int = 3  # pairs drawn from the test queries when none are given
-    rule: KeywordRule = field(default_factory=KeywordRule)
-    topic_cells: int = 5  # Table III rows
-    topic_queries: int = 8  # Table III columns
-    probes: list[str] = field(default_factory=list)  # doc2vec probe words (needs judgments)
+    chosen: list[tuple[str, str]] = field(default_factory=list)  # (query, title) pairs to trace; else drawn
+    settings: AnalyzeSettings = field(default_factory=AnalyzeSettings)
     mlflow_uri: str | None = None  # where models:/ URIs resolve (the training run is found in its own store)
     log_mlflow: bool = True
     force: bool = False
@@ -76,12 +72,13 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
     main = load(cfg.model, cfg.mlflow_uri)
     loaded = [main, load(cfg.compare, cfg.mlflow_uri)] if cfg.compare else [main]
     models = [m.embedder for m in loaded]
-    rule = cfg.rule
+    settings = cfg.settings
+    rule = settings.rule
     done: dict[str, Any] = {}
 
     def build(tmp: Path) -> dict[str, Any]:
         queries = _test_queries(cfg)
-        pairs = cfg.pairs or _draw_pairs(queries, cfg.n_pairs)
+        pairs = cfg.chosen or _draw_pairs(queries, settings.pairs)
         if not pairs:
             raise DssmError("nothing to analyse: give --pair QUERY TITLE or --judgments FILE")
         md = [f"# What `{main.embedder.encoder_name}` reads", "", _preamble(cfg, main), ""]
@@ -92,17 +89,18 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
             md += section
             result["pairs"].append(numbers)
         if queries:
-            section, result["test_queries"] = test_section(queries, models, rule, cfg.topic_cells, cfg.topic_queries)
+            table = (settings.topic_cells, settings.topic_queries)
+            section, result["test_queries"] = test_section(queries, models, rule, *table)
             md += section
         curves = _curves(loaded)
         if curves:
             plot_cost_curves(curves, tmp / "cost-curves.png")
             md += ["## Training cost (Fig. 7)", "", "![training cost](cost-curves.png)", ""]
             result["cost_curves"] = {k: {"first": v[0], "last": v[-1], "points": len(v)} for k, v in curves.items()}
-        if cfg.probes:
+        if settings.probes:
             if not queries:
-                raise DssmError("--probe needs --judgments (doc2vec is trained on the judged set's text)")
-            section, result["doc2vec_probe"] = probe_section(_judged_texts(cfg), cfg.probes)
+                raise DssmError("--probes needs --judgments (doc2vec is trained on the judged set's text)")
+            section, result["doc2vec_probe"] = probe_section(_judged_texts(cfg), settings.probes)
             md += section
         result["seconds"] = round(time.perf_counter() - started, 1)
         (tmp / REPORT).write_text("\n".join(md) + "\n")
@@ -120,7 +118,7 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
 
 
 def _preamble(cfg: AnalyzeConfig, main: Loaded) -> str:
-    rule = cfg.rule
+    rule = cfg.settings.rule
     both = " in both directions" if main.embedder.cfg.model.encoder == "bilstm" else ""
     return (
         f"Model `{cfg.model}` (checkpoint sha256 {sha256_file(main.checkpoint)[:12]}…). A word *moves* a cell when "
@@ -199,11 +197,10 @@ def _log_artifacts(main: Loaded, out: Path) -> dict[str, str] | None:
 
 
 def add_arguments(p) -> None:
-    """`dssm analyze`'s options (argparse)."""
+    """`dssm analyze`'s options: the models, inputs and plumbing, then AnalyzeSettings' fields."""
     from core.judgments import add_judgment_options
+    from core.options import add_config_options
 
-    d = AnalyzeConfig(model="", out=Path())
-    rule = d.rule
     p.add_argument(
         "--model",
         required=True,
@@ -222,27 +219,6 @@ def add_arguments(p) -> None:
         metavar=("QUERY", "TITLE"),
         help="a query/title pair to trace (repeatable; default: --pairs test queries drawn from --judgments)",
     )
-    p.add_argument("--pairs", type=int, default=d.n_pairs, help="pairs drawn when no --pair (default: %(default)s)")
-    p.add_argument("--top", type=int, default=rule.top, help="most active cells considered (default: %(default)s)")
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=rule.threshold,
-        help="a word moves a cell when |Δy| > this × the text's largest |y| of the top cells (default: %(default)s)",
-    )
-    p.add_argument(
-        "--share",
-        type=float,
-        default=rule.share,
-        help="a keyword moves more than this share of the top cells, in both directions (default: %(default)s)",
-    )
-    p.add_argument("--topic-cells", type=int, default=d.topic_cells, help="Table III rows (default: %(default)s)")
-    p.add_argument(
-        "--topic-queries", type=int, default=d.topic_queries, help="Table III columns (default: %(default)s)"
-    )
-    p.add_argument(
-        "--probe", action="append", default=[], metavar="WORD", help="doc2vec nearest words of WORD (needs --judgments)"
-    )
     p.add_argument(
         "--mlflow-uri",
         help="tracking URI that resolves a models:/ or runs:/ --model (default: $MLFLOW_TRACKING_URI); the report "
@@ -250,26 +226,23 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--no-mlflow", dest="log_mlflow", action="store_false", help="do not log the report to MLflow")
     p.add_argument("--force", action="store_true", help="analyse again even if --out holds this analysis")
+    add_config_options(p.add_argument_group("what is read, and how"), AnalyzeSettings, flatten=["rule"])
     add_judgment_options(p)
 
 
 def config_from_args(args) -> AnalyzeConfig:
     from core.judgments import resolve_judged_set, spec_from_args
+    from core.options import config_from_options
 
-    for name in ("pairs", "top", "topic_cells", "topic_queries"):
-        if getattr(args, name) < 1:
-            raise DssmError(f"--{name.replace('_', '-')} must be at least 1")
+    settings = config_from_options(AnalyzeSettings, args)
+    check_settings(settings)
     return AnalyzeConfig(
         model=args.model,
         out=args.out,
         compare=args.compare,
         judgments=resolve_judged_set(args.judgments, spec_from_args(args)) if args.judgments else None,
-        pairs=[tuple(p) for p in args.pair],
-        n_pairs=args.pairs,
-        rule=KeywordRule(args.top, args.threshold, args.share),
-        topic_cells=args.topic_cells,
-        topic_queries=args.topic_queries,
-        probes=args.probe,
+        chosen=[tuple(p) for p in args.pair],
+        settings=settings,
         mlflow_uri=args.mlflow_uri,
         log_mlflow=args.log_mlflow,
         force=args.force,

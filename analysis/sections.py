@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis.compare import read_pair
-from analysis.lstm import KeywordRule, keyword_counts, keywords, plot_internals, plot_top_cells, top_cells, trace_texts
+from analysis.config import KeywordRule
+from analysis.lstm import keyword_counts, keywords, plot_internals, plot_top_cells, top_cells, trace_texts
 from analysis.topics import TopicTable, input_gate_by_word, keyword_rate, topic_table
 from scoring.neural import TwoTowerEmbedder
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.lstm import KeywordRule, Trace, keywords, moved_cells, top_cells
+from analysis.config import KeywordRule
+from analysis.lstm import Trace, keywords, moved_cells, top_cells
 
 
 @dataclass

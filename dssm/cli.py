@@ -154,7 +154,7 @@ COMMANDS: dict[str, Command] = {
         "keywords (Tables I-II); over the judged set's test queries, the words the input gates attenuate and the "
         "keywords each of the most active cells picks up (Table III); with --compare, a second model on the same "
         "pairs (Tables V-VIII); both models' training cost from MLflow (Fig. 7); doc2vec's nearest words with "
-        "--probe. Writes OUT/analysis.md, analysis.json and PNGs, and logs them to the model's MLflow training run. "
+        "--probes. Writes OUT/analysis.md, analysis.json and PNGs, and logs them to the model's MLflow training run. "
         "See docs/analysis.md.",
     ),
     "run": Command(

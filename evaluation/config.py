@@ -1,6 +1,7 @@
 """Evaluation settings, in a module that imports no pyspark, mlflow or torch (the run config is built
 from them): what an evaluation scores (`EvaluateSettings`: `dssm evaluate`'s flags and the flow's
-`evaluate` section) and what the gate compares (`GateConfig`: `dssm gate`'s flags, the flow's `gate`)."""
+`evaluate` section), what the gate compares (`GateConfig`: `dssm gate`'s flags, the flow's `gate`) and
+what `dssm sts` scores beside the models (`StsSettings`)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,14 @@ class GateConfig:
 def metric_key(metric: str) -> str:
     """An MLflow metric name for a report's metric (MLflow allows no '@'): ndcg@10 -> ndcg_at_10."""
     return metric.replace("@", "_at_")
+
+
+@dataclass
+class StsSettings:
+    baselines: list[str] = field(default_factory=list)  # off-the-shelf encoders scored beside the models: minilm
+
+
+def check_sts(settings: StsSettings) -> None:
+    unknown = [b for b in settings.baselines if b != "minilm"]
+    if unknown:
+        raise DssmError(f"unknown STS baseline(s) {', '.join(unknown)}; choose minilm")

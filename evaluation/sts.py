@@ -22,6 +22,7 @@ from core.errors import DssmError
 from core.sentence_pairs import read_pairs, sentence_norm
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets
+from evaluation.config import StsSettings, check_sts
 from scoring.neural import cosine_scores
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class StsConfig:
     data: Path
     out: Path
     models: list[str] = field(default_factory=list)
-    baselines: list[str] = field(default_factory=list)  # minilm
+    settings: StsSettings = field(default_factory=StsSettings)
     mlflow_uri: str | None = None
     experiment: str = "sts"
 
@@ -114,15 +115,14 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
     from evaluation.systems import load_trained
 
     started = time.perf_counter()
+    check_sts(cfg.settings)
     files = sts_files(Path(cfg.data))
     systems: list[tuple[str, Any, dict[str, str]]] = []
     for spec in cfg.models:
         system = load_trained(spec)
         embedder = system.scorer
         systems.append((_name(system.name, spec), lambda t, e=embedder: e.embed(t, "query"), system.tags))
-    for baseline in cfg.baselines:
-        if baseline != "minilm":
-            raise DssmError(f"unknown STS baseline {baseline!r}; choose minilm")
+    if "minilm" in cfg.settings.baselines:  # the one STS baseline
         from scoring.neural import MiniLMEmbedder
 
         systems.append(("minilm", MiniLMEmbedder().embed, {"kind": "baseline"}))
@@ -157,7 +157,7 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
 
         # Always recomputed (force): the report is the record of the MLflow runs just made.
         inputs = {"sts_data": {"path": str(cfg.data), "sha256": data_sha}}
-        params = {"models": list(cfg.models), "baselines": list(cfg.baselines)}
+        params = {"models": list(cfg.models), "baselines": list(cfg.settings.baselines)}
         publish(Path(cfg.out), "sts", code_fingerprint(__name__), inputs, params, build, force=True)
         for run_id in run_ids.values():
             client.log_artifact(run_id, str(Path(cfg.out) / "sts.md"))
@@ -216,21 +216,25 @@ def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result
 
 
 def add_arguments(p) -> None:
-    """`dssm sts`'s options."""
+    """`dssm sts`'s options: the models, data and plumbing, then StsSettings' fields."""
     import os
 
+    from core.options import add_config_options
+
     p.add_argument("--model", action="append", default=[], metavar="PATH_OR_URI", help="a trained model (repeatable)")
-    p.add_argument("--baselines", default="", help="minilm: all-MiniLM-L6-v2 off the shelf (default: none)")
     default_data = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--data", type=Path, default=default_data, help="the shared data folder (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", default="sts", help="MLflow experiment (default: %(default)s)")
+    add_config_options(p, StsSettings)
 
 
 def command(args) -> None:
     """`dssm sts`."""
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    report = run_sts(StsConfig(args.data, args.out, args.model, baselines, args.mlflow_uri, args.experiment))
+    from core.options import config_from_options
+
+    settings = config_from_options(StsSettings, args)
+    report = run_sts(StsConfig(args.data, args.out, args.model, settings, args.mlflow_uri, args.experiment))
     print((args.out / "sts.md").read_text(), end="")
     print(f"report: {args.out}/sts.json ({report['seconds']:.0f}s)")

@@ -31,17 +31,20 @@ STATE = "stack.json"
 
 @dataclass
 class StackConfig:
-    root: Path = Path(".stack")
-    host: str = "127.0.0.1"
-    prefect_port: int = 4200
-    mlflow_port: int = 5000
-    spark_port: int = 7077
-    spark_ui_port: int = 8080
-    spark_worker_ui_port: int = 8081
-    worker_cores: int = 2
-    worker_memory: str = "2g"
-    database: str = ""  # default: sqlite files under STACK_DIR; or postgresql://user@host:5432/NAME (infra/database.py)
-    timeout: float = 180  # seconds for every health check together
+    root: Path = Path(".stack")  # state, data and logs of the stack (`--dir`)
+    host: str = "127.0.0.1"  # the address every service listens on and answers as
+    prefect_port: int = 4200  # the Prefect server's API and UI
+    mlflow_port: int = 5000  # the MLflow tracking server
+    spark_port: int = 7077  # the Spark master
+    spark_ui_port: int = 8080  # the Spark master's web UI
+    spark_worker_ui_port: int = 8081  # the Spark worker's web UI
+    worker_cores: int = 2  # cores the Spark worker offers
+    worker_memory: str = "2g"  # memory the Spark worker offers
+    # keep MLflow's and Prefect's state on this PostgreSQL server, e.g. postgresql://postgres@127.0.0.1:5432/dssm,
+    # in databases NAME_mlflow and NAME_prefect (created when missing): for a team, as sqlite lets one writer in
+    # at a time; empty: sqlite files under --dir (infra/database.py)
+    database: str = ""
+    timeout: float = 180  # seconds for every service's health check together
 
     @property
     def urls(self) -> dict[str, str]:
@@ -318,37 +321,21 @@ def status(root: Path) -> dict[str, bool]:
 
 
 def add_arguments(p) -> None:
-    """`dssm stack`'s options."""
-    d = StackConfig()
+    """`dssm stack`'s options: the action and the stack's directory, then StackConfig's fields (for `up`)."""
+    from core.options import add_config_options
+
     p.add_argument("action", choices=["up", "down", "status", "env"])
-    p.add_argument("--dir", type=Path, default=d.root, help="state, data and logs of the stack (default: %(default)s)")
-    p.add_argument("--prefect-port", type=int, default=d.prefect_port, help="(default: %(default)s)")
-    p.add_argument("--mlflow-port", type=int, default=d.mlflow_port, help="(default: %(default)s)")
-    p.add_argument("--spark-port", type=int, default=d.spark_port, help="Spark master (default: %(default)s)")
-    p.add_argument("--spark-ui-port", type=int, default=d.spark_ui_port, help="(default: %(default)s)")
-    p.add_argument("--spark-worker-ui-port", type=int, default=d.spark_worker_ui_port, help="(default: %(default)s)")
-    p.add_argument(
-        "--database",
-        default=d.database,
-        metavar="URL",
-        help="up: keep MLflow's and Prefect's state on this PostgreSQL server, e.g. "
-        "postgresql://postgres@127.0.0.1:5432/dssm, in databases NAME_mlflow and NAME_prefect (created "
-        "when missing); for a team, as sqlite lets one writer in at a time (default: sqlite files under --dir)",
-    )
+    default = StackConfig().root
+    p.add_argument("--dir", type=Path, default=default, help=f"state, data and logs of the stack (default: {default})")
+    add_config_options(p.add_argument_group("up: the services"), StackConfig, skip=["root"])
 
 
 def command(args) -> None:
     """`dssm stack up|down|status|env`."""
     if args.action == "up":
-        cfg = StackConfig(
-            root=args.dir,
-            prefect_port=args.prefect_port,
-            mlflow_port=args.mlflow_port,
-            spark_port=args.spark_port,
-            spark_ui_port=args.spark_ui_port,
-            spark_worker_ui_port=args.spark_worker_ui_port,
-            database=args.database,
-        )
+        from core.options import config_from_options
+
+        cfg = config_from_options(StackConfig, args, root=args.dir)
         state = up(cfg)
         print('stack up; point a shell at it with:  eval "$(dssm stack env)"')
         for name, url in state["urls"].items():

@@ -1,4 +1,4 @@
-"""The index stage's settings: the faiss index kind and its HNSW parameters."""
+"""The index stage's settings (the faiss index kind and its HNSW parameters) and `dssm search`'s."""
 
 from __future__ import annotations
 
@@ -25,3 +25,16 @@ class IndexConfig:
 def check_config(cfg: IndexConfig) -> None:
     if cfg.kind not in KINDS:
         raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    k: int = 10  # titles per query
+    ef_search: int = 0  # HNSW candidates kept per query search; 0: the index's own (index.ef_search when built)
+
+
+def check_search(settings: SearchSettings) -> None:
+    if settings.k < 1:
+        raise DssmError(f"-k must be at least 1, got {settings.k}")
+    if settings.ef_search < 0:
+        raise DssmError(f"--ef-search must be 0 (the index's) or more, got {settings.ef_search}")

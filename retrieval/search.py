@@ -17,6 +17,7 @@ from pathlib import Path
 
 from core.errors import DssmError
 from core.layout import Layout
+from retrieval.config import SearchSettings, check_search
 
 
 def retriever_uri(uri: str, tracking_uri: str) -> str:
@@ -33,12 +34,12 @@ def retriever_uri(uri: str, tracking_uri: str) -> str:
     return tag
 
 
-def load(args: argparse.Namespace):
-    """The Retriever of --model (through MLflow) or of --index."""
+def load(args: argparse.Namespace, ef_search: int = 0):
+    """The Retriever of --model (through MLflow) or of --index, searching `ef_search` HNSW candidates (0: its own)."""
     from scoring.retriever import Retriever
 
     if not args.model:
-        return Retriever.load(args.index or Layout(args.workdir).index, args.ef_search)
+        return Retriever.load(args.index or Layout(args.workdir).index, ef_search)
     from core.tracking import default_tracking_uri, use_store
     from scoring.serving import logged_files
 
@@ -51,30 +52,34 @@ def load(args: argparse.Namespace):
         raise DssmError(f"--model {e}") from None
     if "index" not in files:
         raise DssmError(f"--model {uri}: not a dssm retriever (no index among its artifacts)")
-    return Retriever.load(files["index"], args.ef_search)
+    return Retriever.load(files["index"], ef_search)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm search`'s options."""
+    """`dssm search`'s options: the queries, where the index comes from, then SearchSettings' fields."""
+    from core.options import add_config_options
+
     p.add_argument("query", nargs="+", help="one or more queries (quote each one)")
-    p.add_argument("-k", type=int, default=10, help="titles per query (default: %(default)s)")
     p.add_argument("--workdir", default="work", help="the work dir of `dssm run` (default: %(default)s)")
     p.add_argument("--index", type=Path, help="a `dssm index` output (default: WORKDIR/index)")
     p.add_argument("--model", metavar="URI", help="load from MLflow instead: a retriever or an indexed model URI")
     p.add_argument("--mlflow-uri", help="tracking URI for --model (default: $MLFLOW_TRACKING_URI, else WORKDIR's)")
-    p.add_argument("--ef-search", type=int, help="HNSW candidates per search (default: the index's)")
+    add_config_options(p, SearchSettings)
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm search`."""
+    from core.options import config_from_options
     from core.text import checked_texts
 
+    settings = config_from_options(SearchSettings, args)
+    check_search(settings)
     checked_texts(args.query, "query")  # before the index loads: an empty query is refused at once
     started = time.perf_counter()
-    retriever = load(args)
+    retriever = load(args, settings.ef_search)
     loaded = time.perf_counter() - started
     started = time.perf_counter()
-    results = retriever.search(args.query, args.k)
+    results = retriever.search(args.query, settings.k)
     took = time.perf_counter() - started
     model = retriever.model.get("name") and f"{retriever.model['name']} v{retriever.model['version']}"
     unit = {"words": "word", "wordpieces": "word piece"}.get(retriever.embedder.tokenizer.vocab.kind, "letter trigram")

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import tiny_model, write_judged
 
+from analysis.config import KeywordRule
 from analysis.lstm import (
-    KeywordRule,
     Trace,
     keyword_counts,
     keywords,

@@ -41,6 +41,39 @@ def test_user_errors_are_one_line_with_status_2(spark, tmp_path, capsys):
     assert "run `dssm clean` first" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["analyze", "--model", "m.pt", "--out", "a", "--topic-cells", "0"], "--topic-cells must be at least 1, got 0"),
+        (["analyze", "--model", "m.pt", "--out", "a", "--top", "0"], "--top must be at least 1, got 0"),
+        (["search", "drill", "-k", "0"], "-k must be at least 1, got 0"),
+        (["sts", "--out", "s", "--baselines", "minilm,bm25"], "unknown STS baseline(s) bm25; choose minilm"),
+    ],
+    ids=["analyze-topic-cells", "analyze-top", "search-k", "sts-baselines"],
+)
+def test_settings_flags_refuse_bad_values_before_anything_loads(tmp_path, monkeypatch, capsys, argv, said):
+    """The settings flags come from each command's settings dataclass; a bad value is one line, status 2,
+    before a model, an index or a data set is read (none of those named here exists)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dssm {argv[0]}: error: {said}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stack_up_flags_are_its_config_fields():
+    from pathlib import Path
+
+    from core.options import config_from_options
+    from infra.stack import StackConfig
+
+    argv = ["stack", "up", "--dir", "s", "--prefect-port", "4300", "--worker-cores", "1"]
+    argv += ["--database", "postgresql://x/d"]
+    args = build_parser(argv).parse_args(argv)
+    cfg = config_from_options(StackConfig, args, root=args.dir)
+    assert cfg == StackConfig(root=Path("s"), prefect_port=4300, worker_cores=1, database="postgresql://x/d")
+
+
 @pytest.mark.integration  # more than one process
 def test_clean_on_garbage_exits_non_zero_with_one_line(tmp_path):
     bad = tmp_path / "garbage.jsonl"

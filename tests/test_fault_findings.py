@@ -95,7 +95,7 @@ def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_dat
     assert StageOutput.left_by_earlier_run("index", tmp_path / "index") is not None
     # `dssm search --model` of a planted retriever over that index
     retriever = plant(store, "dssm-tiny-retriever", marker, {"index": str(tmp_path / "index")})
-    args = argparse.Namespace(model=retriever, mlflow_uri=store, workdir=str(tmp_path), index=None, ef_search=None)
+    args = argparse.Namespace(model=retriever, mlflow_uri=store, workdir=str(tmp_path), index=None)
     hits = load(args).search(["steel drill"], 2)[0]
     assert len(hits) == 2 and hits[0].title in {"steel drill kit", "cordless drill"}
     assert not marker.exists()

@@ -61,10 +61,14 @@ def test_imports_point_down_only():
     assert not upward, "imports that do not point down (docs/architecture.md):\n" + "\n".join(upward)
 
 
-def test_the_run_config_loads_without_spark_mlflow_or_torch():
-    """`dssm run --help`, the Prefect UI's parameter form and a config check must not pay for them."""
+def test_the_run_config_and_every_settings_module_load_without_spark_mlflow_or_torch():
+    """`dssm run --help`, the Prefect UI's parameter form and a config check must not pay for them; nor
+    must a stage's or command's settings (each package's config.py, each stage's under jobs/)."""
+    settings = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/config.py"))
+    settings += sorted(f"jobs.{p.parent.name}.config" for p in (ROOT / "jobs").glob("*/config.py"))
+    assert {"analysis.config", "evaluation.config", "retrieval.config", "jobs.clean.config"} <= set(settings)
     code = (
-        "import sys, flows.config, flows.pipeline, flows.run_command; "
+        f"import sys, flows.config, flows.pipeline, flows.run_command, {', '.join(settings)}; "
         "print(sorted(m for m in ('pyspark', 'mlflow', 'torch', 'pandas', 'prefect') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout

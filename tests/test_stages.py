@@ -102,6 +102,7 @@ def stage_work(spark, pipeline, tiny_data, tmp_path_factory) -> dict[str, Path]:
 
 def _runners(spark, work: Path):
     """Per stage kind: (output dir, run(variant) -> manifest). Variant 0 and 1 differ in one setting."""
+    from analysis.config import AnalyzeSettings
     from analysis.report import AnalyzeConfig, analyze
     from core.judgments import JudgedSetSpec, resolve_judged_set
     from evaluation.config import EvaluateSettings
@@ -134,7 +135,8 @@ def _runners(spark, work: Path):
         return read_manifest(work / "eval")
 
     def analyze_run(v):
-        analyze(AnalyzeConfig(model, work / "analysis", judgments=judged, n_pairs=1 + v, log_mlflow=False))
+        settings = AnalyzeSettings(pairs=1 + v)
+        analyze(AnalyzeConfig(model, work / "analysis", judgments=judged, settings=settings, log_mlflow=False))
         return read_manifest(work / "analysis")
 
     return {
