@@ -327,7 +327,8 @@ def add_arguments(p) -> None:
     p.add_argument("action", choices=["up", "down", "status", "env"])
     default = StackConfig().root
     p.add_argument("--dir", type=Path, default=default, help=f"state, data and logs of the stack (default: {default})")
-    add_config_options(p.add_argument_group("up: the services"), StackConfig, skip=["root"])
+    # the host stays 127.0.0.1 on the command line: the stack is one machine's (a team's goes through infra/scale-out)
+    add_config_options(p.add_argument_group("up: the services"), StackConfig, skip=["root", "host"])
 
 
 def command(args) -> None:
