@@ -331,12 +331,17 @@ def add_arguments(p) -> None:
     add_config_options(p.add_argument_group("up: the services"), StackConfig, skip=["root", "host"])
 
 
+def config_from_args(args) -> StackConfig:
+    """`dssm stack up`'s StackConfig: the flags given over its defaults, in --dir."""
+    from core.options import config_from_options
+
+    return config_from_options(StackConfig, args, root=args.dir)
+
+
 def command(args) -> None:
     """`dssm stack up|down|status|env`."""
     if args.action == "up":
-        from core.options import config_from_options
-
-        cfg = config_from_options(StackConfig, args, root=args.dir)
+        cfg = config_from_args(args)
         state = up(cfg)
         print('stack up; point a shell at it with:  eval "$(dssm stack env)"')
         for name, url in state["urls"].items():

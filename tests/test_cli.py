@@ -64,13 +64,11 @@ def test_settings_flags_refuse_bad_values_before_anything_loads(tmp_path, monkey
 def test_stack_up_flags_are_its_config_fields():
     from pathlib import Path
 
-    from core.options import config_from_options
-    from infra.stack import StackConfig
+    from infra.stack import StackConfig, config_from_args
 
     argv = ["stack", "up", "--dir", "s", "--prefect-port", "4300", "--worker-cores", "1"]
     argv += ["--database", "postgresql://x/d"]
-    args = build_parser(argv).parse_args(argv)
-    cfg = config_from_options(StackConfig, args, root=args.dir)
+    cfg = config_from_args(build_parser(argv).parse_args(argv))
     assert cfg == StackConfig(root=Path("s"), prefect_port=4300, worker_cores=1, database="postgresql://x/d")
 
 
