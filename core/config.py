@@ -122,6 +122,11 @@ def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
     return dataclasses.replace(obj, **changes) if changes else obj
 
 
+def field_values(obj: Any, cls: type) -> dict[str, Any]:
+    """The values of dataclass `cls`'s fields in `obj` (a cls or a subclass of it), as they are."""
+    return {f.name: getattr(obj, f.name) for f in fields(cls)}
+
+
 def check_choices(cfg: Any, prefix: str = "") -> None:
     """Every Literal-typed field of the dataclass `cfg` (nested sections included) holds one of its
     values: what `convert` enforces on YAML and KEY=VALUE, for a config built in code."""

@@ -17,7 +17,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from core.config import apply, flat, load, nest, parse_overrides
+from core.config import apply, field_values, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
@@ -30,7 +30,7 @@ from jobs.propensity.config import PropensityConfig
 from jobs.simulate.config import SimulationConfig
 from jobs.teacher.config import TeacherConfig
 from jobs.vocab.config import VocabConfig
-from modeling.config import TrainConfig
+from modeling.config import TrainSettings
 from retrieval.config import IndexConfig
 
 
@@ -40,14 +40,11 @@ class JudgmentsSection:
     spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
 
 
-# Training keys the flow fills in for every model it trains: where the data and the store are.
-FLOW_SET = ("out", "mlflow_uri", "experiment", "dataset", "data.negatives", "data.vocab")
-
-
 @dataclass
-class TrainSection(TrainConfig):
-    """The training config (modeling/config.py, every `dssm train` key: `train.optim.lr`,
-    `train.epochs`, ...) plus how the flow runs it. The flow sets FLOW_SET itself."""
+class TrainSection(TrainSettings):
+    """The training recipe (modeling/config.py, every `dssm train` key but where a run reads and writes:
+    `train.optim.lr`, `train.epochs`, ...) plus how the flow runs it. The flow fills in the rest for
+    each model: its data paths, run directory and store."""
 
     models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: model.encoder alone
     # training KEY=VALUEs for one encoder only, over the rest of this section, e.g. {minilm: [data.batch_size=64]}
@@ -59,14 +56,14 @@ class TrainSection(TrainConfig):
     def encoders(self) -> list[str]:
         return list(dict.fromkeys(self.models)) or [self.model.encoder]
 
-    def for_encoder(self, encoder: str) -> TrainConfig:
-        """The training config of one model: this section without the flow's own keys, with the
-        encoder's `per_encoder` KEY=VALUEs applied."""
-        from dataclasses import fields, replace
+    def for_encoder(self, encoder: str) -> TrainSettings:
+        """The recipe of one model: this section without the flow's own keys, with the encoder's
+        `per_encoder` KEY=VALUEs applied."""
+        from dataclasses import replace
 
-        base = TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
+        base = TrainSettings(**field_values(self, TrainSettings))
         base = replace(base, model=replace(base.model, encoder=encoder))
-        return apply(base, parse_overrides(self.per_encoder.get(encoder, [])))
+        return apply(base, parse_overrides(self.per_encoder.get(encoder, [])), f"train.per_encoder.{encoder}.")
 
 
 @dataclass
@@ -256,18 +253,9 @@ def flat_keys(nested: dict[str, Any], prefix: str = "") -> list[str]:
 def validate(cfg: RunConfig) -> None:
     from modeling.config import validate as validate_training
 
-    given, defaults = flat(cfg.train), flat(TrainSection())
-    changed = [k for k in FLOW_SET if given[k] != defaults[k]]
     for encoder, pairs in cfg.train.per_encoder.items():
-        keys = list(flat_keys(parse_overrides(pairs)))
-        changed += [k for k in FLOW_SET if k in keys]
-        if "model.encoder" in keys:
+        if "model.encoder" in flat_keys(parse_overrides(pairs)):
             raise DssmError(f"train.per_encoder.{encoder}: model.encoder is the entry's own name; leave it out")
-    if changed:
-        raise DssmError(
-            f"train.{changed[0]} is set by the flow for each model (the work dir, mlflow_uri, the judged set's name); "
-            "leave it out of the run config"
-        )
     from modeling.encoders import ENCODERS
 
     unknown = [m for m in [*cfg.train.models, *cfg.train.per_encoder] if m not in ENCODERS]
@@ -293,4 +281,4 @@ def validate(cfg: RunConfig) -> None:
     if cfg.train.nproc < 0:
         raise DssmError(f"train.nproc must be >= 0, got {cfg.train.nproc}")
     if cfg.train.epochs < 1:  # before the training config was the train section, 0 meant "its default"
-        raise DssmError(f"train.epochs must be >= 1 (the default is {TrainConfig().epochs}), got {cfg.train.epochs}")
+        raise DssmError(f"train.epochs must be >= 1 (the default is {TrainSettings().epochs}), got {cfg.train.epochs}")

@@ -45,15 +45,16 @@ def run(
     from dataclasses import replace
 
     from flows.warm_start import warm_start_source
+    from modeling.config import TrainConfig
     from scoring.serving import registered_name
 
-    own = ctx.cfg.train.for_encoder(encoder)  # the section with the encoder's train.per_encoder keys
-    cfg = replace(
-        own,
+    cfg = TrainConfig.of(
+        ctx.cfg.train.for_encoder(encoder),  # the section with the encoder's train.per_encoder keys
+        negatives.path,
+        vocab.path,
         experiment=ctx.judged.name,
         dataset=ctx.judged.name,
         mlflow_uri=ctx.mlflow_uri,
-        data=replace(own.data, negatives=negatives.path, vocab=vocab.path),
     )
     if ctx.window and ctx.cfg.train.warm_start:
         name = registered_name(ctx.judged.name)

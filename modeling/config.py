@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from core.config import check_choices, flat, load
+from core.config import check_choices, field_values, flat, load
 from core.errors import DssmError
 
 
@@ -78,9 +78,7 @@ OBJECTIVES = typing.get_args(typing.get_type_hints(LossConfig)["objective"])
 
 
 @dataclass
-class DataConfig:
-    negatives: str = ""  # a `dssm negatives` output (train/, valid/); empty: WORKDIR/negatives
-    vocab: str = ""  # a `dssm vocab` output (trigrams/); empty: WORKDIR/vocab
+class DataSettings:
     batch_size: int = 256  # global examples per step, split evenly over ranks and shards
     shuffle_buffer: int = 16_384  # rows per shard shuffled together (shards are written sorted by query)
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
@@ -90,8 +88,16 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
-    out: str = ""  # run directory: checkpoints and the resolved config; empty: WORKDIR/train/ENCODER
+class DataConfig(DataSettings):
+    negatives: str = ""  # a `dssm negatives` output (train/, valid/); empty: WORKDIR/negatives
+    vocab: str = ""  # a `dssm vocab` output (trigrams/); empty: WORKDIR/vocab
+
+
+@dataclass
+class TrainSettings:
+    """The recipe: what a run learns and how. The retrain flow's `train` section embeds exactly this;
+    TrainConfig adds where one run reads and writes, which the flow fills in for each model."""
+
     epochs: int = 5  # passes over the training rows
     max_steps: int = 0  # stop after this many updates (0: run all epochs)
     seed: int = 1  # initial weights, batch order, dropout
@@ -101,15 +107,12 @@ class TrainConfig:
     keep_checkpoints: int = 2  # step-* checkpoints kept besides last.pt
     threads: int = 0  # torch threads per rank (0: CPUs / ranks)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is visible
-    mlflow_uri: str = ""  # tracking URI; empty: sqlite under the run directory's parent (the work dir)
-    experiment: str = "dssm-train"  # MLflow experiment (the retrain flow: the dataset's name)
-    dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
     run_name: str = ""  # MLflow run name; empty: ENCODER-seedSEED (e.g. lstm-seed1)
     init_from: str = ""  # a checkpoint whose weights start this run (same-shaped tensors; embeddings by token)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataSettings = field(default_factory=DataSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +120,24 @@ class TrainConfig:
     def flat(self) -> dict[str, Any]:
         """Dotted keys, as MLflow parameters."""
         return flat(self)
+
+
+@dataclass
+class TrainConfig(TrainSettings):
+    """One training run: the recipe plus its plumbing (the data paths, the run directory, the store)."""
+
+    data: DataConfig = field(default_factory=DataConfig)  # the recipe's data settings and the paths read
+    out: str = ""  # run directory: checkpoints and the resolved config; empty: WORKDIR/train/ENCODER
+    mlflow_uri: str = ""  # tracking URI; empty: sqlite under the run directory's parent (the work dir)
+    experiment: str = "dssm-train"  # MLflow experiment (the retrain flow: the dataset's name)
+    dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
+
+    @classmethod
+    def of(cls, settings: TrainSettings, negatives: str, vocab: str, **plumbing: str) -> TrainConfig:
+        """A run of `settings` on the `negatives` and `vocab` outputs; `plumbing`: out, mlflow_uri,
+        experiment, dataset."""
+        data = DataConfig(**field_values(settings.data, DataSettings), negatives=negatives, vocab=vocab)
+        return cls(**field_values(settings, TrainSettings) | {"data": data}, **plumbing)
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
@@ -140,7 +161,7 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in now.items() if before.get(k) != v]
 
 
-def optimizer_name(cfg: TrainConfig) -> str:
+def optimizer_name(cfg: TrainSettings) -> str:
     """`optim.name`, with auto resolved: adamw for a transformer encoder, else nesterov (Algorithm 1)."""
     from modeling.encoders import ENCODERS
 
@@ -150,12 +171,12 @@ def optimizer_name(cfg: TrainConfig) -> str:
     return "adamw" if spec is not None and spec.transformer else "nesterov"
 
 
-def rows_are_exact(cfg: TrainConfig) -> bool:
+def rows_are_exact(cfg: TrainSettings) -> bool:
     """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient."""
     return optimizer_name(cfg) == "nesterov" and cfg.optim.weight_decay == 0 and cfg.loss.l2_embeddings == 0
 
 
-def validate(cfg: TrainConfig) -> None:
+def validate(cfg: TrainSettings) -> None:
     from modeling.encoders import ENCODERS  # lazily: importing this module imports no torch
 
     check_choices(cfg)

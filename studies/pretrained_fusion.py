@@ -51,9 +51,9 @@ def lstm_run(workdir: Path, seed: int, distilled: bool = False) -> Path:
 def fine_tune_keys() -> list[str]:
     """The transformer's training KEY=VALUEs as configs/homedepot_search.yaml trains it in the flow."""
     from flows.config import load_run_config
-    from modeling.config import TrainConfig
+    from modeling.config import TrainSettings
 
-    given, defaults = load_run_config(SEARCH).train.for_encoder("minilm").flat(), TrainConfig().flat()
+    given, defaults = load_run_config(SEARCH).train.for_encoder("minilm").flat(), TrainSettings().flat()
     return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
 
 

@@ -62,9 +62,9 @@ def test_every_stage_option_is_a_key(tmp_path):
         (["train.optim.lrr=1"], "unknown key train.optim.lrr"),
         (["train.overrides=epochs=2"], "unknown key train.overrides"),
         (["train.optim.name=sgd"], "train.optim.name: 'sgd' is not one of auto, nesterov, adam, adamw"),
-        (["train.mlflow_uri=sqlite:///x.db"], "train.mlflow_uri is set by the flow"),
+        (["train.mlflow_uri=sqlite:///x.db"], "unknown key train.mlflow_uri"),  # the flow fills in a run's plumbing
         (["train.models=lstm,transformer"], "unknown encoder"),
-        (["train.per_encoder.minilm=[data.vocab=/v]"], "train.data.vocab is set by the flow"),
+        (["train.per_encoder.minilm=[data.vocab=/v]"], "unknown key train.per_encoder.minilm.data.vocab"),
         (["train.per_encoder.bert=[epochs=2]"], "unknown encoder.s. bert"),
         (["train.per_encoder.minilm=[optim.name=nesterov]"], "would wreck the pretrained weights"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
@@ -161,6 +161,22 @@ def test_per_encoder_keys_reach_one_encoders_training_config_only():
     lstm, minilm = cfg.train.for_encoder("lstm"), cfg.train.for_encoder("minilm")
     assert (lstm.epochs, lstm.data.batch_size, lstm.model.encoder) == (10, 256, "lstm")
     assert (minilm.epochs, minilm.data.batch_size, minilm.model.encoder) == (1, 64, "minilm")
+
+
+def test_the_train_section_is_the_recipe_and_each_run_adds_its_plumbing():
+    from flows.config import TrainSection
+    from modeling.config import TrainConfig, TrainSettings
+
+    recipe, plumbing = set(TrainSettings().flat()), set(TrainConfig().flat()) - set(TrainSettings().flat())
+    assert plumbing == {"data.negatives", "data.vocab", "out", "mlflow_uri", "experiment", "dataset"}
+    assert recipe <= set(TrainSection().flat()) and not plumbing & set(TrainSection().flat())
+    cfg = load_run_config(overrides=["train.optim.lr=0.05", "train.per_encoder.minilm=[data.batch_size=32]"])
+    own = cfg.train.for_encoder("minilm")
+    run = TrainConfig.of(own, "/n", "/v", out="/o", mlflow_uri="sqlite:///s.db", experiment="e", dataset="d")
+    given = run.flat()
+    assert {key: given[key] for key in recipe} == own.flat()  # every recipe value, as the section resolved it
+    assert [given[key] for key in sorted(plumbing)] == ["/n", "/v", "d", "e", "sqlite:///s.db", "/o"]
+    assert (run.optim.lr, run.data.batch_size, run.model.encoder) == (0.05, 32, "minilm")
 
 
 def test_the_committed_run_configs_load():
