@@ -133,11 +133,14 @@ class TrainConfig(TrainSettings):
     dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
 
     @classmethod
-    def of(cls, settings: TrainSettings, negatives: str, vocab: str, **plumbing: str) -> TrainConfig:
-        """A run of `settings` on the `negatives` and `vocab` outputs; `plumbing`: out, mlflow_uri,
-        experiment, dataset."""
+    def of(
+        cls, settings: TrainSettings, negatives: str, vocab: str, *, mlflow_uri: str, experiment: str, dataset: str
+    ) -> TrainConfig:
+        """A run of `settings` on the `negatives` and `vocab` outputs, filed in `experiment` of the
+        store at `mlflow_uri` under `dataset`; `out` is left to the work dir's default."""
         data = DataConfig(**field_values(settings.data, DataSettings), negatives=negatives, vocab=vocab)
-        return cls(**field_values(settings, TrainSettings) | {"data": data}, **plumbing)
+        filed = {"mlflow_uri": mlflow_uri, "experiment": experiment, "dataset": dataset}
+        return cls(**field_values(settings, TrainSettings) | {"data": data} | filed)
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:

@@ -48,15 +48,6 @@ def lstm_run(workdir: Path, seed: int, distilled: bool = False) -> Path:
     return workdir / "train" / ("lstm" if seed == 1 else f"lstm-seed{seed}")
 
 
-def fine_tune_keys() -> list[str]:
-    """The transformer's training KEY=VALUEs as configs/homedepot_search.yaml trains it in the flow."""
-    from flows.config import load_run_config
-    from modeling.config import TrainSettings
-
-    given, defaults = load_run_config(SEARCH).train.for_encoder("minilm").flat(), TrainSettings().flat()
-    return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
-
-
 def train(workdir: Path, judgments: Path) -> None:
     store = [f"mlflow_uri=sqlite:///{workdir / 'study.db'}", "experiment=pretrained-fusion"]
     if not (lstm_run(workdir, 1) / "last.pt").is_file():
@@ -67,7 +58,7 @@ def train(workdir: Path, judgments: Path) -> None:
     for seed in SEEDS[1:]:
         dssm("train", "--resume", "--on-change", "resume", *base, *data, f"seed={seed}",
              f"out={lstm_run(workdir, seed)}", *store)  # fmt: skip
-    dssm("train", "--resume", "--on-change", "resume", *data, *fine_tune_keys(),
+    dssm("train", "--resume", "--on-change", "resume", *data, *training_keys(SEARCH, "minilm"),
          f"out={workdir / 'train' / 'minilm'}",
          *store)  # fmt: skip
     teacher = workdir / "teacher-study"

@@ -172,10 +172,10 @@ def test_the_train_section_is_the_recipe_and_each_run_adds_its_plumbing():
     assert recipe <= set(TrainSection().flat()) and not plumbing & set(TrainSection().flat())
     cfg = load_run_config(overrides=["train.optim.lr=0.05", "train.per_encoder.minilm=[data.batch_size=32]"])
     own = cfg.train.for_encoder("minilm")
-    run = TrainConfig.of(own, "/n", "/v", out="/o", mlflow_uri="sqlite:///s.db", experiment="e", dataset="d")
+    run = TrainConfig.of(own, "/n", "/v", mlflow_uri="sqlite:///s.db", experiment="e", dataset="d")
     given = run.flat()
     assert {key: given[key] for key in recipe} == own.flat()  # every recipe value, as the section resolved it
-    assert [given[key] for key in sorted(plumbing)] == ["/n", "/v", "d", "e", "sqlite:///s.db", "/o"]
+    assert [given[key] for key in sorted(plumbing)] == ["/n", "/v", "d", "e", "sqlite:///s.db", ""]  # out: the default
     assert (run.optim.lr, run.data.batch_size, run.model.encoder) == (0.05, 32, "minilm")
 
 
