@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 GRACE_SECONDS = 10.0
+STACKS_SIGNAL = signal.SIGUSR1  # a dssm command prints every thread's stack on it (signals_stop)
 _requested = threading.Event()
 _last_words: list = []  # what the watchdog does before it ends the process (at_deadline)
 
@@ -111,9 +112,13 @@ def signals_stop(grace: float = GRACE_SECONDS) -> Iterator[None]:
         raise Stopped(signum)
 
     before = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    # faulthandler answers from C, so even a process whose main thread is stuck in a C call (where no Python
+    # handler runs) says where it is stuck when a watchdog asks (_exit); forked children inherit it
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     try:
         yield
     finally:
+        faulthandler.unregister(STACKS_SIGNAL)
         for signum, previous in before.items():
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)  # None: set from C
 
@@ -143,8 +148,26 @@ def _exit(signum: int) -> None:
     import psutil
 
     with contextlib.suppress(psutil.Error):
-        end_processes(psutil.Process().children(recursive=True))
+        children = psutil.Process().children(recursive=True)
+        _ask_for_stacks(children)
+        end_processes(children)
     os._exit(128 + signum)
+
+
+def _ask_for_stacks(processes: list) -> None:
+    """Our forked copies among `processes` (a Prefect runner's flow-run processes: our command line and
+    our faulthandler hook, signals_stop) print every thread's stack, a report of where a run that did
+    not stop in time was stuck."""
+    import psutil
+
+    ours, asked = psutil.Process().cmdline(), 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.cmdline() == ours:
+                process.send_signal(STACKS_SIGNAL)
+                asked += 1
+    if asked:
+        time.sleep(0.5)  # the dumps are written from their signal handlers at once
 
 
 def _quietly(action) -> None:

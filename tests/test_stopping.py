@@ -123,3 +123,37 @@ def test_a_stop_a_library_turned_into_its_own_error_stays_a_stop():
     with pytest.raises(StageFailed):  # a failure is still a failure
         with failing_as("clean", "logs/"):
             py4j_read(ValueError("bad data"))
+
+
+STUCK_FLOW_RUN = """
+import os, signal, threading, time
+from core.stopping import signals_stop
+
+with signals_stop(grace=1.0):
+    pid = os.fork()  # a copy of this process, as Prefect's runner forks each flow run
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # as deaf to the stop as a C call that never returns
+
+        def stuck_in_the_flow_run():
+            time.sleep(60)
+
+        stuck_in_the_flow_run()
+        os._exit(0)
+    threading.Thread(target=os.waitpid, args=(pid, 0)).start()  # the runner's thread that waits for it
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_run_stuck_past_the_deadline_says_where_before_it_is_ended():
+    """A flow run that did not act on the SIGTERM (once in a fresh-clone suite: nothing from it for 10 s)
+    left no trace of why: at its deadline the watchdog now asks its forked runs for their stacks."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_FLOW_RUN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    seconds = stop(proc, group=False)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 128 + signal.SIGTERM and seconds < BAR_SECONDS, stderr
+    assert "still running 1 s after SIGTERM" in stderr and "stuck_in_the_flow_run" in stderr, stderr
