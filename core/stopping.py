@@ -113,8 +113,9 @@ def signals_stop(grace: float = GRACE_SECONDS) -> Iterator[None]:
 
     before = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     # faulthandler answers from C, so even a process whose main thread is stuck in a C call (where no Python
-    # handler runs) says where it is stuck when a watchdog asks (_exit); forked children inherit it
-    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    # handler runs) says where it is stuck when a watchdog asks (_exit); forked children inherit it. To fd 2:
+    # sys.stderr may be no file (a command called in process, under pytest's capture)
+    faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)
     try:
         yield
     finally:

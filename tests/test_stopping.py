@@ -157,3 +157,13 @@ def test_a_run_stuck_past_the_deadline_says_where_before_it_is_ended():
     stderr = proc.stderr.read()
     assert proc.returncode == 128 + signal.SIGTERM and seconds < BAR_SECONDS, stderr
     assert "still running 1 s after SIGTERM" in stderr and "stuck_in_the_flow_run" in stderr, stderr
+
+
+def test_signals_stop_works_where_stderr_is_no_file(capsys):
+    """Tests call `dssm.cli.main` in process, where sys.stderr is pytest's capture (no file descriptor)."""
+    from core.stopping import signals_stop
+
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_stop():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
