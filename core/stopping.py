@@ -113,8 +113,8 @@ def signals_stop(grace: float = GRACE_SECONDS) -> Iterator[None]:
 
     before = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
     # faulthandler answers from C, so even a process whose main thread is stuck in a C call (where no Python
-    # handler runs) says where it is stuck when a watchdog asks (_exit); forked children inherit it. To fd 2:
-    # sys.stderr may be no file (a command called in process, under pytest's capture)
+    # handler runs) says where it is stuck when a watchdog asks (_exit); forked children inherit it. To fd 2, as
+    # every dump here: sys.stderr may be no file (a command called in process, under pytest's capture)
     faulthandler.register(STACKS_SIGNAL, file=2, all_threads=True)
     try:
         yield
@@ -129,7 +129,7 @@ def _deadline(signum: int, grace: float) -> None:
     # not through logging: the main thread may hold a handler's lock where it is stuck
     with contextlib.suppress(OSError):
         os.write(2, f"dssm: still running {grace:.0f} s after {signal.Signals(signum).name}: exiting now\n".encode())
-        faulthandler.dump_traceback(all_threads=True)  # where it was stuck, for the report
+        faulthandler.dump_traceback(file=2, all_threads=True)  # where it was stuck, for the report
     _exit(signum)
 
 

@@ -14,8 +14,7 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
     queries of the negatives) against the baselines; its report.json is the flow's report. The judged
     set is the run's, or the one the judge stage graded from the logs' clicks."""
-    from dataclasses import fields
-
+    from core.config import field_values
     from evaluation.config import EvaluateSettings
     from evaluation.evaluate import EvaluateConfig, evaluate
     from jobs.judge.config import CLICK_RELEVANT, CLICK_SCALE, judged_set
@@ -23,7 +22,7 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     out, section = ctx.layout.evaluate, ctx.cfg.evaluate
     judged = judged_set(ctx.judged, judge)
     checkpoints = [t.path for t in train]
-    settings = EvaluateSettings(**{f.name: getattr(section, f.name) for f in fields(EvaluateSettings)})
+    settings = EvaluateSettings(**field_values(section, EvaluateSettings))
     settings.retrieval = settings.retrieval or ctx.cfg.gate.metric != "ndcg@10"  # the gate compares what it measured
     reports: list[dict[str, Any]] = []
 
