@@ -26,15 +26,15 @@ HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
 TABLE4 = ROOT / "configs" / "homedepot_table4"  # Table IV's chosen `dssm run` configs, one per encoder
 
 
-def training_keys(run_config: Path, encoder: str = "") -> list[str]:
-    """A `dssm run` config file's training recipe for `encoder` (default: its model.encoder) as
-    `dssm train` KEY=VALUEs: its train section with that encoder's per_encoder keys applied, the
-    flow's own keys (train.models, ...) left out."""
+def training_keys(run_config: Path, encoder: str = "", device: str = "cpu") -> list[str]:
+    """A `dssm run` config file's training recipe for `encoder` (default: its model.encoder) on `device`
+    as `dssm train` KEY=VALUEs: its train section with that encoder's per_encoder keys (and those of
+    ENCODER@DEVICE) applied, the flow's own keys (train.models, ...) left out."""
     from flows.config import load_run_config
     from modeling.config import TrainSettings
 
     section = load_run_config(run_config).train
-    given, defaults = section.for_encoder(encoder or section.model.encoder).flat(), TrainSettings().flat()
+    given, defaults = section.for_encoder(encoder or section.model.encoder, device).flat(), TrainSettings().flat()
     return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
 
 

@@ -33,6 +33,8 @@ from jobs.vocab.config import VocabConfig
 from modeling.config import TrainSettings
 from retrieval.config import IndexConfig
 
+DEVICES = ("cpu", "cuda")  # what a train.per_encoder entry ENCODER@DEVICE may name
+
 
 @dataclass
 class JudgmentsSection:
@@ -47,7 +49,8 @@ class TrainSection(TrainSettings):
     each model: its data paths, run directory and store."""
 
     models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: model.encoder alone
-    # training KEY=VALUEs for one encoder only, over the rest of this section, e.g. {minilm: [data.batch_size=64]}
+    # training KEY=VALUEs for one encoder only, over the rest of this section, e.g. {minilm: [data.batch_size=64]};
+    # an entry ENCODER@cuda (or @cpu) applies over ENCODER's when the model trains on that device (docs/flows.md)
     per_encoder: dict[str, list[str]] = field(default_factory=dict)
     nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
     warm_start: bool = True  # windowed runs: start from the champion when compatible (docs/flows.md)
@@ -56,14 +59,16 @@ class TrainSection(TrainSettings):
     def encoders(self) -> list[str]:
         return list(dict.fromkeys(self.models)) or [self.model.encoder]
 
-    def for_encoder(self, encoder: str) -> TrainSettings:
-        """The recipe of one model: this section without the flow's own keys, with the encoder's
-        `per_encoder` KEY=VALUEs applied."""
+    def for_encoder(self, encoder: str, device: str = "cpu") -> TrainSettings:
+        """The recipe of one model on `device` (cpu or cuda): this section without the flow's own keys,
+        with the encoder's `per_encoder` KEY=VALUEs applied, then those of ENCODER@DEVICE."""
         from dataclasses import replace
 
-        base = TrainSettings(**field_values(self, TrainSettings))
-        base = replace(base, model=replace(base.model, encoder=encoder))
-        return apply(base, parse_overrides(self.per_encoder.get(encoder, [])), f"train.per_encoder.{encoder}.")
+        recipe = TrainSettings(**field_values(self, TrainSettings))
+        recipe = replace(recipe, model=replace(recipe.model, encoder=encoder))
+        for entry in (encoder, f"{encoder}@{device}"):
+            recipe = apply(recipe, parse_overrides(self.per_encoder.get(entry, [])), f"train.per_encoder.{entry}.")
+        return recipe
 
 
 @dataclass
@@ -258,11 +263,16 @@ def validate(cfg: RunConfig) -> None:
             raise DssmError(f"train.per_encoder.{encoder}: model.encoder is the entry's own name; leave it out")
     from modeling.encoders import ENCODERS
 
-    unknown = [m for m in [*cfg.train.models, *cfg.train.per_encoder] if m not in ENCODERS]
+    entries = [m.partition("@") for m in cfg.train.per_encoder]
+    unknown = [m for m in cfg.train.models if m not in ENCODERS] + [e for e, _, _ in entries if e not in ENCODERS]
     if unknown:
         raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
-    for encoder in dict.fromkeys([*cfg.train.encoders(), *cfg.train.per_encoder]):
-        validate_training(cfg.train.for_encoder(encoder))  # a bad training setting fails before any stage runs
+    devices = [f"{e}@{d}" for e, at, d in entries if at and d not in DEVICES]
+    if devices:
+        raise DssmError(f"train.per_encoder: {', '.join(devices)}: the device after @ is one of {', '.join(DEVICES)}")
+    for encoder in dict.fromkeys([*cfg.train.encoders(), *(e for e, _, _ in entries)]):
+        for device in DEVICES:  # a bad training setting fails before any stage runs, whatever the machine
+            validate_training(cfg.train.for_encoder(encoder, device))
     from evaluation.config import check_settings
 
     check_settings(cfg.evaluate)

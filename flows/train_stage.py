@@ -46,10 +46,12 @@ def run(
 
     from flows.warm_start import warm_start_source
     from modeling.config import TrainConfig
+    from modeling.distributed import device_kind
     from scoring.serving import registered_name
 
+    device = device_kind(ctx.cfg.train)  # the per_encoder entries of ENCODER@cuda apply on a GPU
     cfg = TrainConfig.of(
-        ctx.cfg.train.for_encoder(encoder),  # the section with the encoder's train.per_encoder keys
+        ctx.cfg.train.for_encoder(encoder, device),  # the section with the encoder's train.per_encoder keys
         negatives.path,
         vocab.path,
         experiment=ctx.judged.name,
@@ -72,6 +74,7 @@ def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> St
     with the resolved config."""
 
     from modeling.checkpoint import newest_checkpoint
+    from modeling.distributed import device_kind
     from modeling.launch import launch
     from modeling.train import resolve_paths, train
 
@@ -105,5 +108,6 @@ def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> St
             "valid_loss": summary["valid_loss"],
             "mlflow_run_id": summary["mlflow_run_id"],
             "nproc": nproc,
+            "device": summary.get("device") or device_kind(cfg),
         },
     )

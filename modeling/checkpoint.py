@@ -126,6 +126,20 @@ def _shape_problem(state: Any) -> str | None:
     return None
 
 
+def slim_checkpoint(checkpoint: Path, dest: Path, half: bool = False) -> Path:
+    """The checkpoint without optimiser state: what serving needs, a third of the bytes (`half`: its
+    floating-point tensors in float16, a sixth, e.g. to carry a model trained on another machine;
+    `load_model` reads them back into float32)."""
+    state = read_checkpoint(checkpoint)
+    keep = {k: state[k] for k in ("config", "vocab", "model", "step", "dataset_sha256", "mlflow_run_id") if k in state}
+    if half:
+        keep["model"] = {k: v.half() if v.is_floating_point() else v for k, v in keep["model"].items()}
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    torch.save(keep, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
 def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest readable checkpoint of a run directory: last.pt, else the newest step-*.pt that
     loads (a truncated last.pt need not block a run whose older step file is intact); None when the

@@ -55,6 +55,8 @@ class OptimConfig:
     # word-hashing tables: rows (only the rows a batch touches, the same updates computed lazily),
     # dense (whole tables every step), auto (rows where exact: Nesterov, no weight decay or loss.l2_embeddings)
     table_updates: Literal["auto", "rows", "dense"] = "auto"
+    warmup: float = 0.0  # share of the updates over which the step size rises linearly to its value (0: none)
+    decay: Literal["none", "linear"] = "none"  # linear: after the warm-up, the step size falls linearly to 0
 
 
 @dataclass
@@ -84,7 +86,12 @@ class DataSettings:
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
     scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
-    encode_in: Literal["step", "process"] = "step"  # where batches are tokenised: inline, or a worker ahead
+    # where batches are built from the tokenised negatives: in the step, ahead in a worker process (into
+    # page-locked memory on a GPU), or auto: process when training on a GPU, else step
+    encode_in: Literal["auto", "step", "process"] = "auto"
+    # of each row's n sampled negatives, how many the loss scores (-1: all; 0: in-batch negatives alone, as
+    # sentence-transformers' MultipleNegativesRankingLoss); validation always scores all n
+    negatives_per_row: int = -1
 
 
 @dataclass
@@ -128,7 +135,8 @@ class TrainConfig(TrainSettings):
 
     data: DataConfig = field(default_factory=DataConfig)  # the recipe's data settings and the paths read
     out: str = ""  # run directory: checkpoints and the resolved config; empty: WORKDIR/train/ENCODER
-    mlflow_uri: str = ""  # tracking URI; empty: sqlite under the run directory's parent (the work dir)
+    # tracking URI; empty: sqlite under the run directory's parent (the work dir); none: no MLflow run (benchmarks)
+    mlflow_uri: str = ""
     experiment: str = "dssm-train"  # MLflow experiment (the retrain flow: the dataset's name)
     dataset: str = ""  # the judged set's name, tagged on the MLflow run (the retrain flow sets it)
 
@@ -175,8 +183,11 @@ def optimizer_name(cfg: TrainSettings) -> str:
 
 
 def rows_are_exact(cfg: TrainSettings) -> bool:
-    """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient."""
-    return optimizer_name(cfg) == "nesterov" and cfg.optim.weight_decay == 0 and cfg.loss.l2_embeddings == 0
+    """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient, and the
+    step size is constant (their drift is applied in closed form)."""
+    o = cfg.optim
+    constant = o.warmup == 0 and o.decay == "none"
+    return optimizer_name(cfg) == "nesterov" and o.weight_decay == 0 and cfg.loss.l2_embeddings == 0 and constant
 
 
 def validate(cfg: TrainSettings) -> None:
@@ -190,8 +201,9 @@ def validate(cfg: TrainSettings) -> None:
         raise DssmError(f"model.encoder {m.encoder!r}: choose one of {', '.join(ENCODERS)}")
     if o.table_updates == "rows" and not rows_are_exact(cfg):
         raise DssmError(
-            "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0 and loss.l2_embeddings=0 "
-            "(they give untouched rows a gradient); use optim.table_updates=dense or auto"
+            "optim.table_updates=rows needs optim.name=nesterov, optim.weight_decay=0, loss.l2_embeddings=0 "
+            "(they give untouched rows a gradient) and a constant step size (optim.warmup=0, optim.decay=none); "
+            "use optim.table_updates=dense or auto"
         )
     if cfg.data.batch_size < 1 or m.ncell < 1 or m.max_words < 1 or m.max_tokens < 2:
         raise DssmError("data.batch_size, model.ncell and model.max_words must be positive, model.max_tokens >= 2")
@@ -219,3 +231,22 @@ def validate(cfg: TrainSettings) -> None:
         raise DssmError("loss.l2_composition and loss.l2_embeddings must be >= 0")
     if not 0 <= cfg.data.word_dropout < 1 or not 0 <= cfg.data.scramble <= 1:
         raise DssmError("data.word_dropout must be in [0, 1) and data.scramble in [0, 1]")
+    if not 0 <= o.warmup < 1:
+        raise DssmError("optim.warmup must be in [0, 1)")
+    if cfg.data.negatives_per_row < -1:
+        raise DssmError("data.negatives_per_row must be >= 0, or -1 for all the rows carry")
+    if cfg.data.negatives_per_row == 0 and cfg.loss.objective == "click" and not cfg.loss.in_batch_negatives:
+        raise DssmError(
+            "data.negatives_per_row=0 with loss.in_batch_negatives=false leaves the clicked title nothing to "
+            "compete with; score some sampled negatives or the batch's other titles"
+        )
+    check_device(cfg)
+
+
+def check_device(cfg: TrainSettings, device: str | None = None) -> None:
+    """What cannot run on the device (cfg.device, or `device` once resolved): TorchScript's loop on CUDA."""
+    if (device or cfg.device) == "cuda" and cfg.model.impl == "script":
+        raise DssmError(
+            "model.impl=script runs on the CPU only (its TorchScript loop failed in the interpreter on CUDA); "
+            "on a GPU use model.impl=auto (the Python loop) or native (nn.LSTM's kernels, with a forget gate)"
+        )

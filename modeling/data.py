@@ -1,33 +1,34 @@
-"""Training batches streamed from the Parquet shards of `dssm negatives`.
+"""Training batches from the Parquet shards of `dssm negatives`, tokenised once (modeling/tokens.py).
 
 Every step takes the same number of rows (`per_shard = batch_size / shards`) from every train
 shard; rank r of W owns shards r, r+W, ... So the global batch of a step is the same set of rows
-whatever the number of ranks, and 1 process and N processes train the same model (tested). No rank
-reads another rank's shards. Rows are shuffled within blocks of `shuffle_buffer` rows by a
-generator seeded with (seed, epoch, shard), so an epoch's order is reproducible and a resumed run
-skips exactly the rows it had already used. An epoch lasts as many steps as the smallest shard
-allows; the rows left over in larger shards (a few percent with hash-partitioned shards) are
-different ones each epoch.
+whatever the number of ranks, and 1 process and N processes train the same model (tested). Rows are
+shuffled within blocks of `shuffle_buffer` rows by a generator seeded with (seed, epoch, shard), so an
+epoch's order is reproducible and a resumed run skips exactly the rows it had already used. An epoch
+lasts as many steps as the smallest shard allows; the rows left over in larger shards (a few percent
+with hash-partitioned shards) are different ones each epoch.
+
+A step's batch is gathered from integer arrays (text ids, then their tokens) by numpy alone, in the
+step or ahead in a worker process (`data.encode_in`), whose batches a GPU run receives in page-locked
+memory and copies to the device without waiting.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
 from core.errors import DssmError
-from modeling.config import DataConfig
-from modeling.hashing import TextBatch, Tokenizer
+from modeling.config import DataSettings
+from modeling.hashing import TextBatch, text_batch
+from modeling.tokens import Rows, Tokenised, parquet_file
 
-COLUMNS = ["query", "positive", "negatives", "clicks", "impressions", "debiased_clicks", "shown", "relevance"]
-PREFETCH = 2  # batches encoded ahead by the worker process
+PREFETCH = 4  # batches built ahead by the worker process
 
 
 def train_files(negatives: Path) -> list[Path]:
@@ -57,29 +58,11 @@ def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
     return per_shard, min(rows.values()) // per_shard
 
 
-def parquet_file(path: Path) -> pq.ParquetFile:
-    """An open shard, or an error that names the damaged file."""
-    try:
-        return pq.ParquetFile(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise DssmError(f"{path}: not a readable Parquet file ({e}); rebuild it: `dssm negatives --force`") from None
-
-
-def _shard_rows(path: Path, block: int, rng: np.random.Generator) -> Iterator[tuple]:
-    """Rows of COLUMNS, shuffled within blocks."""
-    for record_batch in parquet_file(path).iter_batches(batch_size=block, columns=COLUMNS):
-        cols = [record_batch.column(c).to_pylist() for c in COLUMNS]
-        for i in rng.permutation(record_batch.num_rows):
-            yield tuple(col[i] for col in cols)
-
-
-def shard_chunks(
-    path: Path, per_shard: int, steps: int, block: int, seed: int, epoch: int, index: int
-) -> Iterator[list]:
-    """`steps` shuffled chunks of `per_shard` rows of one shard, the same for the same (seed, epoch)."""
-    rows = _shard_rows(path, block, np.random.default_rng([seed, epoch, index]))
-    for _ in range(steps):
-        yield [next(rows) for _ in range(per_shard)]
+def shard_order(rows: int, block: int, seed: int, epoch: int, index: int) -> np.ndarray:
+    """The order an epoch reads shard `index`'s rows in: shuffled within blocks of `block` rows, the
+    same for the same (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch, index])
+    return np.concatenate([start + rng.permutation(min(block, rows - start)) for start in range(0, rows, block)])
 
 
 @dataclass
@@ -93,57 +76,76 @@ class ListTargets:
     mask: Tensor
     targets: Tensor
 
-    def to(self, device: torch.device | str) -> ListTargets:
-        return ListTargets(self.rows.to(device), self.docs.to(device), self.mask.to(device), self.targets.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ListTargets:
+        moved = (t.to(device, non_blocking=non_blocking) for t in (self.rows, self.docs, self.mask, self.targets))
+        return ListTargets(*moved)
+
+    def pin_memory(self) -> ListTargets:
+        return ListTargets(
+            self.rows.pin_memory(), self.docs.pin_memory(), self.mask.pin_memory(), self.targets.pin_memory()
+        )
 
 
 Batch = tuple[TextBatch, TextBatch, Tensor, Tensor, ListTargets | None]
 
 
 class ClickBatches:
-    """This rank's local batches: (queries, docs) TextBatches, docs as [clicked, negatives...] per
-    row, row weights, row keys (`row_keys`) and, with `listwise`, the rows' ListTargets (else None)."""
+    """This rank's local batches: (queries, docs) text batches (TextBatch, or TokenBatch for a
+    transformer), docs as [clicked, negatives...] per row, row weights, row keys (`row_keys`) and,
+    with `listwise`, the rows' ListTargets (else None).
+
+    `data.negatives_per_row` = k scores the first k of each row's n sampled negatives (-1: all);
+    validation always scores all n (`valid`), so its loss stays comparable across settings."""
 
     def __init__(
         self,
+        tokenised: Tokenised,
         files: list[Path],
         rank: int,
         world: int,
-        cfg: DataConfig,
-        tokenizer: Tokenizer,
+        cfg: DataSettings,
         n_negatives: int,
         seed: int,
         pair_weight: str = "none",
         listwise: bool = False,
     ):
         self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
-        self.files = list(enumerate(files))[rank::world]
+        if len(tokenised.train.shard_starts) != len(files) + 1:
+            raise DssmError(
+                f"the tokenised negatives have {len(tokenised.train.shard_starts) - 1} shards, not {len(files)}"
+            )
+        self.tokenised = tokenised
+        self.shards = list(range(len(files)))[rank::world]
         self.cfg = cfg
-        self.tokenizer = tokenizer
         self.n = n_negatives
+        self.k = n_negatives if cfg.negatives_per_row < 0 else cfg.negatives_per_row
+        if self.k > n_negatives:
+            raise DssmError(f"data.negatives_per_row={self.k}, but the negatives carry {n_negatives} per row")
         self.seed = seed
         self.pair_weight = pair_weight
         self.listwise = listwise
         self.rank = rank
 
-    def epoch(self, epoch: int, skip: int = 0, train: bool = True) -> Iterator[Batch]:
-        """The epoch's batches after the first `skip` (which are read but not tokenised)."""
-        streams = [
-            shard_chunks(f, self.per_shard, self.steps_per_epoch, self.cfg.shuffle_buffer, self.seed, epoch, i)
-            for i, f in self.files
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        """The epoch's training batches after the first `skip`."""
+        rows, steps = self.tokenised.train, self.steps_per_epoch
+        starts = rows.shard_starts
+        order = [
+            starts[i] + shard_order(int(starts[i + 1] - starts[i]), self.cfg.shuffle_buffer, self.seed, epoch, i)
+            for i in self.shards
         ]
-        for step, chunks in enumerate(zip(*streams, strict=True)):
-            if step < skip:
-                continue
-            rows = [row for chunk in chunks for row in chunk]
-            rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step]) if train else None
-            yield self.encode(rows, rng)
+        # (steps, rows of the step): each shard's `per_shard` rows of the step, shard after shard
+        index = np.stack([o[: steps * self.per_shard].reshape(steps, self.per_shard) for o in order], 1)
+        index = index.reshape(steps, -1)
+        for step in range(skip, steps):
+            rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step])
+            yield self.batch(rows, index[step], rng, self.k, self.listwise)
 
-    def steps(self, start: int, total: int) -> Iterator[Batch]:
-        """The training batches of steps `start` + 1 … `total`, across epochs, read and tokenised
-        where `data.encode_in` says: in the training step or ahead in a worker process."""
-        if self.cfg.encode_in == "process":
-            return in_worker_process(self, start, total)
+    def steps(self, start: int, total: int, process: bool = False, pin: bool = False) -> Iterator[Batch]:
+        """The training batches of steps `start` + 1 … `total`, across epochs, built in the training
+        step or, with `process`, ahead in a worker process (`pin`: into page-locked memory)."""
+        if process:
+            return in_worker_process(self, start, total, pin)
         return self._steps(start, total)
 
     def _steps(self, start: int, total: int) -> Iterator[Batch]:
@@ -156,48 +158,61 @@ class ClickBatches:
                 step += 1
                 yield batch
 
-    def encode(self, rows: list, rng: np.random.Generator | None = None, lists: bool | None = None) -> Batch:
-        """Query and document batches, each row's loss weight (`loss.pair_weight`), its keys
-        (`row_keys`) and the rows' ListTargets when `lists` (default: the batches' `listwise`)."""
-        docs = []
-        for _, positive, negatives, *_ in rows:
-            if len(negatives) != self.n:
-                raise DssmError(f"a row has {len(negatives)} negatives, the manifest says {self.n}")
-            docs.append(positive)
-            docs.extend(negatives)
+    def valid(self, limit: int) -> Iterator[tuple[int, Batch]]:
+        """(rows, batch) over the first `limit` validation rows, `batch_size` at a time: unweighted,
+        without lists, every sampled negative scored (fixed, so losses compare across steps and runs)."""
+        rows = self.tokenised.valid
+        size = max(1, self.cfg.batch_size)
+        for start in range(0, min(limit, len(rows)), size):
+            index = np.arange(start, min(start + size, limit, len(rows)))
+            yield len(index), self.batch(rows, index, None, self.n, False)
+
+    def batch(self, rows: Rows, index: np.ndarray, rng: np.random.Generator | None, k: int, lists: bool) -> Batch:
+        """Rows `index` of `rows`: query and document batches (clicked title and the first `k`
+        negatives of each row), each row's loss weight (`loss.pair_weight`), its keys (`row_keys`)
+        and, with `lists`, the rows' ListTargets."""
+        queries = rows.query[index]
+        docs = np.concatenate([rows.positive[index, None], rows.negatives[index, :k]], 1).reshape(-1)
         # Scrambling picks rows, not texts: a row's query and all its titles are shuffled together
         # (Wieting & Gimpel shuffle both sentences of a pair, before the negatives are chosen).
-        scrambled = np.zeros(len(rows), bool)
+        scrambled = None
         if rng is not None and self.cfg.scramble > 0:
-            scrambled = rng.random(len(rows)) < self.cfg.scramble
-        weights = pair_weights(rows, self.pair_weight)
-        queries = [r[0] for r in rows]
-        drop = self.cfg.word_dropout
+            scrambled = rng.random(len(index)) < self.cfg.scramble
         return (
-            self.tokenizer.batch(queries, rng, drop, scrambled),
-            self.tokenizer.batch(docs, rng, drop, np.repeat(scrambled, 1 + self.n)),
-            weights,
-            row_keys(rows),
-            self.list_targets(rows, rng) if (self.listwise if lists is None else lists) else None,
+            self.texts(queries, rng, scrambled),
+            self.texts(docs, rng, None if scrambled is None else np.repeat(scrambled, 1 + k)),
+            pair_weights(rows, index, self.pair_weight),
+            row_keys(self.tokenised.texts.keys, queries, rows.positive[index]),
+            self.list_targets(rows, index, rng) if lists else None,
         )
 
-    def list_targets(self, rows: list, rng: np.random.Generator | None) -> ListTargets | None:
+    def texts(self, tids: np.ndarray, rng: np.random.Generator | None, scrambled: np.ndarray | None = None):
+        """The batch of texts `tids` in the encoder's form: word-hashed (TextBatch) or word pieces (TokenBatch)."""
+        table = self.tokenised.texts
+        if table.pieces is not None:
+            from modeling.transformer import token_batch
+
+            return token_batch(table, tids)
+        return text_batch(table, tids, rng, self.cfg.word_dropout, scrambled)
+
+    def list_targets(self, rows: Rows, index: np.ndarray, rng: np.random.Generator | None) -> ListTargets | None:
         """The ListTargets of the rows that carry a list; None when none does."""
-        listed = [(i, r[6], r[7]) for i, r in enumerate(rows) if r[6]]
-        if not listed:
+        listed = np.flatnonzero(rows.shown.lengths(index))
+        if not len(listed):
             return None
-        width = max(len(shown) for _, shown, _ in listed)
-        mask = torch.zeros(len(listed), width, dtype=torch.bool)
-        targets = torch.zeros(len(listed), width)
-        for j, (_, shown, relevance) in enumerate(listed):
-            mask[j, : len(shown)] = True
-            targets[j, : len(shown)] = torch.tensor(relevance) / sum(relevance)
-        titles = [t for _, shown, _ in listed for t in shown]
+        lengths, titles = rows.shown.take(index[listed])
+        _, relevance = rows.relevance.take(index[listed])
+        slot = np.arange(len(titles)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        row = np.repeat(np.arange(len(listed)), lengths)
+        mask = np.zeros((len(listed), int(lengths.max())), bool)
+        mask[row, slot] = True
+        targets = np.zeros(mask.shape, np.float32)
+        targets[row, slot] = relevance / np.bincount(row, weights=relevance, minlength=len(listed))[row]
         return ListTargets(
-            rows=torch.tensor([i for i, _, _ in listed], dtype=torch.int64),
-            docs=self.tokenizer.batch(titles, rng, self.cfg.word_dropout),
-            mask=mask,
-            targets=targets,
+            rows=torch.from_numpy(listed.astype(np.int64)),
+            docs=self.texts(titles, rng),
+            mask=torch.from_numpy(mask),
+            targets=torch.from_numpy(targets),
         )
 
 
@@ -210,56 +225,40 @@ class _StepStream(torch.utils.data.IterableDataset):
         return self.batches._steps(self.start, self.total)
 
 
-def in_worker_process(batches: ClickBatches, start: int, total: int) -> Iterator:
+def in_worker_process(batches: ClickBatches, start: int, total: int, pin: bool = False) -> Iterator:
     """`batches.steps` produced up to PREFETCH ahead by one spawned DataLoader worker process (no GIL
-    shared with the training step; tensors come back through shared memory)."""
+    shared with the training step; tensors come back through shared memory, and with `pin` are
+    copied into page-locked memory by the loader's pinning thread)."""
     loader = torch.utils.data.DataLoader(
         _StepStream(batches, start, total),
         batch_size=None,
         num_workers=1,
         prefetch_factor=PREFETCH,
         multiprocessing_context="spawn",
+        pin_memory=pin,
     )
     yield from loader
 
 
-def text_key(text: str) -> int:
-    """A signed 64-bit hash of `text`, the same in every process (Python's hash() is salted per
-    process, and ranks compare the keys they gather from each other)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+def row_keys(keys: np.ndarray, queries: np.ndarray, clicked: np.ndarray) -> Tensor:
+    """(B, 2) int64: each row's [query key, clicked title key] (`modeling.tokens.text_key`). Rows that
+    share a query (or a clicked title) share its key, so the losses can keep them from serving as each
+    other's negatives: the paraphrase objective by query, `loss.mask_in_batch` by either."""
+    return torch.from_numpy(np.stack([keys[queries], keys[clicked]], 1))
 
 
-def row_keys(rows: list) -> Tensor:
-    """(B, 2) int64: each row's [query key, clicked title key]. Rows that share a query (or a
-    clicked title) share its key, so the losses can keep them from serving as each other's
-    negatives: the paraphrase objective by query, `loss.mask_in_batch` by either."""
-    return torch.tensor([[text_key(r[0]), text_key(r[1])] for r in rows], dtype=torch.int64).reshape(-1, 2)
-
-
-def pair_weights(rows: list, kind: str) -> Tensor:
+def pair_weights(rows: Rows, index: np.ndarray, kind: str) -> Tensor:
     """Per-row loss weights. The rows are distinct clicked pairs, so `none` counts a pair clicked once
     like one clicked a hundred times; `clicks` restores the paper's one-example-per-click weighting;
     `ipw` weighs each click by 1/examination of its rank (the inverse-propensity-weighted loss)."""
     if kind in ("ipw", "log_ipw"):
-        debiased = torch.tensor([r[5] for r in rows], dtype=torch.float32)
-        return debiased if kind == "ipw" else torch.log1p(debiased)
-    clicks = torch.tensor([r[3] for r in rows], dtype=torch.float32)
+        debiased = rows.debiased_clicks[index]
+        return torch.from_numpy(debiased if kind == "ipw" else np.log1p(debiased))
+    clicks = rows.clicks[index]
     if kind == "clicks":
-        return clicks
+        return torch.from_numpy(clicks)
     if kind == "log_clicks":
-        return torch.log1p(clicks)
+        return torch.from_numpy(np.log1p(clicks))
     if kind == "ctr":
-        return clicks / torch.tensor([max(r[4], 1) for r in rows], dtype=torch.float32)
-    return torch.ones(len(rows))
-
-
-def validation_rows(negatives: Path, limit: int) -> list:
-    """The first `limit` rows of valid/ (fixed, so validation losses are comparable across steps)."""
-    rows: list = []
-    for f in sorted((Path(negatives) / "valid").glob("*.parquet")):
-        for batch in parquet_file(f).iter_batches(batch_size=4096, columns=COLUMNS):
-            cols = [batch.column(c).to_pylist() for c in COLUMNS]
-            rows.extend(zip(*cols, strict=True))
-            if len(rows) >= limit:
-                return rows[:limit]
-    return rows
+        return torch.from_numpy(clicks / np.maximum(rows.impressions[index], 1))
+    return torch.ones(len(index))

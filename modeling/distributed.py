@@ -60,6 +60,13 @@ def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def describe(device: torch.device) -> str:
+    """What a run trains on, for its log: the GPU's name and precision, or the CPU threads."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)}, bf16 autocast)"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
 def barrier(d: Dist) -> None:
     """Wait for every rank (nothing to wait for in a world of one)."""
     if d.world > 1:

@@ -167,7 +167,7 @@ class Recurrent(nn.Module):
 
     def run(self, batch: TextBatch, reverse: bool = False, record: bool = False):
         """(outputs per step, internals per step, packed inputs): steps in the packed, sorted order."""
-        packed = pack_words(self.bag(batch.ids, batch.offsets), batch.lengths, reverse, batch.words)
+        packed = pack_words(self.bag(batch.ids, batch.offsets), batch.host_lengths(), reverse, batch.words)
         packed.x = dropped(packed.x, self.dropout, self.training)
         gate_x = (packed.x[:, : self.gates * self.hidden] if self.extra else packed.x) + self.bias
         internals: list[list[Tensor]] = []
@@ -386,7 +386,7 @@ class CLSMEncoder(Encoder):
         # one (N·T, K) read each, where slicing padded (N, T, window, K) word vectors cost a
         # full-size zero gradient per slice (10x slower, issue 19).
         blocks = torch.cat([distinct.view(-1, self.channels), distinct.new_zeros(1, self.channels)])
-        n, t, positions = padded_positions(batch.lengths)
+        n, t, positions = padded_positions(batch.host_lengths())
         half = self.window // 2
         grid = torch.full((n * t,), -1, dtype=torch.long).index_copy(0, positions, batch.words.cpu())
         grid = nn.functional.pad(grid.view(n, t), (half, half), value=-1).to(blocks.device)

@@ -9,8 +9,9 @@ word's trigram embeddings (`W·l(t)`), so no dense 30k-wide hashed vector ever e
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,6 +20,9 @@ import torch
 from core.artifacts import require_manifest
 from core.errors import DssmError
 from core.text import MAX_TEXT_CHARS, word_trigrams
+
+if TYPE_CHECKING:
+    from modeling.tokens import Texts
 
 UNKNOWN_ID = 0
 # What the model reads of a text: its first MAX_TEXT_CHARS characters (core/text.py), of those the
@@ -41,12 +45,105 @@ class TextBatch:
     offsets: torch.Tensor  # int64 (distinct words,)
     words: torch.Tensor  # int64 (word occurrences,)
     lengths: torch.Tensor  # int64 (n,) >= 1
+    # `lengths` on the host, kept by `to`: the packed layout is planned on the CPU, and reading the
+    # lengths back from a GPU would wait for every kernel queued before it
+    host: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
-    def to(self, device: torch.device | str) -> TextBatch:
-        return TextBatch(*(t.to(device) for t in (self.ids, self.offsets, self.words, self.lengths)))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
+        moved = (t.to(device, non_blocking=non_blocking) for t in (self.ids, self.offsets, self.words, self.lengths))
+        return TextBatch(*moved, host=self.host_lengths())
+
+    def host_lengths(self) -> torch.Tensor:
+        """`lengths` on the CPU, without a device sync where `to` kept them."""
+        if self.host is not None:
+            return self.host
+        return self.lengths.cpu()
+
+    def pin_memory(self) -> TextBatch:
+        """The tensors in page-locked memory, so `to(cuda, non_blocking=True)` copies while the GPU works
+        (a DataLoader with pin_memory=True calls this)."""
+        pinned = (t.pin_memory() for t in (self.ids, self.offsets, self.words, self.lengths))
+        return TextBatch(*pinned, host=self.host_lengths())
 
     def __len__(self) -> int:
         return int(self.lengths.numel())
+
+    @staticmethod
+    def cat(batches: list[TextBatch]) -> TextBatch:
+        """One batch of all the texts of `batches`, in order (their distinct words are not merged)."""
+        ids, offsets, words = [], [], []
+        n_ids = n_words = 0
+        for b in batches:
+            ids.append(b.ids)
+            offsets.append(b.offsets + n_ids)
+            words.append(b.words + n_words)
+            n_ids += b.ids.numel()
+            n_words += b.offsets.numel()
+        return TextBatch(
+            torch.cat(ids),
+            torch.cat(offsets),
+            torch.cat(words),
+            torch.cat([b.lengths for b in batches]),
+            host=torch.cat([b.host_lengths() for b in batches]),
+        )
+
+
+def text_batch(
+    texts: Texts,
+    tids: np.ndarray,
+    rng: np.random.Generator | None = None,
+    word_dropout: float = 0.0,
+    scrambled: np.ndarray | None = None,
+) -> TextBatch:
+    """The TextBatch of texts `tids` of a tokenised table (modeling/tokens.py), by array operations
+    alone; with `rng`, words dropped and the texts flagged in `scrambled` shuffled, as `Tokenizer.batch`."""
+    lengths, occurrences = texts.words.take(tids)
+    if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
+        lengths, occurrences = perturbed(lengths, occurrences, rng, word_dropout, scrambled)
+    # distinct words in ascending id, each occurrence as its index among them (np.unique without a sort)
+    seen = np.zeros(len(texts.bags.starts) - 1, np.int64)
+    seen[occurrences] = 1
+    distinct = np.flatnonzero(seen)
+    seen[distinct] = np.arange(len(distinct))
+    sizes, ids = texts.bags.take(distinct)
+    offsets = np.zeros(len(distinct), np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    lengths_t = torch.from_numpy(lengths.astype(np.int64))
+    return TextBatch(
+        ids=torch.from_numpy(ids.astype(np.int64)),
+        offsets=torch.from_numpy(offsets),
+        words=torch.from_numpy(seen[occurrences]),
+        lengths=lengths_t,
+        host=lengths_t,
+    )
+
+
+def perturbed(
+    lengths: np.ndarray,
+    occurrences: np.ndarray,
+    rng: np.random.Generator,
+    word_dropout: float,
+    scrambled: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wieting & Gimpel 2017's regularisers on the word occurrences of texts (`lengths` each): each word
+    of a text of two or more dropped with probability `word_dropout` (never a whole text), then the
+    texts flagged in `scrambled` in random order."""
+    text = np.repeat(np.arange(len(lengths)), lengths)
+    if word_dropout > 0:
+        keep = (rng.random(len(occurrences)) >= word_dropout) | (lengths[text] < 2)
+        kept = np.bincount(text[keep], minlength=len(lengths))
+        lost = np.flatnonzero(kept == 0)
+        if len(lost):  # one random word of each text that lost them all stays
+            starts = np.cumsum(lengths) - lengths
+            keep[starts[lost] + (rng.random(len(lost)) * lengths[lost]).astype(np.int64)] = True
+        occurrences, text = occurrences[keep], text[keep]
+        lengths = np.bincount(text, minlength=len(lengths))
+    if scrambled is not None and scrambled.any():
+        # within each text, order by a random key (flagged texts) or by position (the others)
+        position = np.arange(len(occurrences)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        key = np.where(scrambled[text], rng.random(len(occurrences)) * lengths[text], position)
+        occurrences = occurrences[np.lexsort((key, text))]
+    return lengths, occurrences
 
 
 class Vocab:
@@ -104,6 +201,17 @@ class Tokenizer:
 
     def __reduce__(self):  # to a worker process: the vocabulary and settings, not the caches
         return Tokenizer, (self.vocab, self.max_words, self.cache_size)
+
+    def identity(self) -> dict[str, object]:
+        """What fixes this tokenizer's output: the vocabulary and the limits (modeling/tokens.py's cache key)."""
+        return {
+            "vocab_sha256": self.vocab.sha256,
+            "vocab_kind": self.vocab.kind,
+            "vocab_size": self.vocab.size,
+            "max_words": self.max_words,
+            "max_word_trigrams": MAX_WORD_TRIGRAMS,
+            "max_text_chars": MAX_TEXT_CHARS,
+        }
 
     def words(self, text: str) -> list[str]:
         """The words of `text` the model reads: at most `max_words` of its first MAX_TEXT_CHARS

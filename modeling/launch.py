@@ -97,9 +97,10 @@ def command(args: argparse.Namespace) -> None:
     s = train(cfg, resume=args.resume, on_change=args.on_change)
     val = "n/a" if s["valid_loss"] is None else f"{s['valid_loss']:.4f}"
     rate = "" if s["examples_per_s"] is None else f", {s['examples_per_s']:,.0f} examples/s"
+    tracked = f"MLflow run {s['mlflow_run_id']}" if s["mlflow_run_id"] else "no MLflow run"
     print(
-        f"trained {s['steps']:,} steps{rate}; validation loss {val}; checkpoint {s['checkpoint']}; "
-        f"MLflow run {s['mlflow_run_id']}"
+        f"trained {s['steps']:,} steps on {s['device']}{rate}; validation loss {val}; "
+        f"checkpoint {s['checkpoint']}; {tracked}"
     )
 
 

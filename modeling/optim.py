@@ -8,6 +8,8 @@ PyTorch's `SGD(nesterov=True)` is the common reformulation of Nesterov momentum
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -37,12 +39,30 @@ def momentum_at(step: int, total: int, cfg: OptimConfig) -> float:
     return cfg.momentum
 
 
-def set_momentum(optimizer: torch.optim.Optimizer, step: int, total: int, train: TrainConfig) -> float:
+def step_size_factor(step: int, total: int, cfg: OptimConfig) -> float:
+    """The step size of update `step` (1-based) of `total`, relative to the configured one: rising
+    linearly over the first `warmup` share of updates, then constant or (`decay=linear`) falling
+    linearly to 0 after the last update (sentence-transformers' WarmupLinear)."""
+    warm = math.ceil(cfg.warmup * total)
+    if step <= warm:
+        return step / warm
+    if cfg.decay == "linear":
+        return (total - step + 1) / (total - warm)
+    return 1.0
+
+
+def set_schedule(optimizer: torch.optim.Optimizer, step: int, total: int, train: TrainConfig) -> float:
+    """The momentum (Nesterov) and step size of update `step` set on every parameter group; returns μ."""
     cfg = train.optim
     mu = momentum_at(step, total, cfg)
-    if optimizer_name(train) == "nesterov":
+    name = optimizer_name(train)
+    if name == "nesterov":
         for group in optimizer.param_groups:
             group["momentum"] = mu
+    if cfg.warmup or cfg.decay != "none":
+        lr = (cfg.adamw_lr if name == "adamw" else cfg.lr) * step_size_factor(step, total, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
     return mu
 
 

@@ -102,12 +102,8 @@ def padded(steps: list[Tensor], n: int) -> Tensor:
 
 
 def batch_sizes_of(sorted_lengths: Tensor) -> list[int]:
-    """For lengths sorted descending: how many texts have a word at step t, for t < max length."""
-    lengths = sorted_lengths.tolist()
-    sizes = []
-    n = len(lengths)
-    for t in range(lengths[0]):
-        while n and lengths[n - 1] <= t:
-            n -= 1
-        sizes.append(n)
-    return sizes
+    """For lengths sorted descending (on the CPU, each >= 1): how many texts have a word at step t,
+    for t < max length."""
+    longest = int(sorted_lengths[0])
+    texts_of_length = torch.bincount(sorted_lengths, minlength=longest + 1)
+    return (len(sorted_lengths) - torch.cumsum(texts_of_length, 0)[:longest]).tolist()

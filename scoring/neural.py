@@ -38,12 +38,15 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 class TwoTowerEmbedder:
-    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles."""
+    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles; on
+    `device` (default: the GPU when one is visible, else the CPU), in float32."""
 
-    def __init__(self, checkpoint: Path | str):
+    def __init__(self, checkpoint: Path | str, device: str | None = None):
         from modeling.checkpoint import load_model
 
         self.model, self.tokenizer, self.cfg = load_model(checkpoint)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
         self.encoder_name = self.cfg.model.encoder
         from modeling.encoders import ENCODERS
 
@@ -57,7 +60,7 @@ class TwoTowerEmbedder:
         for start in range(0, len(texts), BATCH):
             # the tokenizer reads no further than MAX_TEXT_CHARS, so norm need not either (a 100k-character query)
             chunk = [norm(t[:MAX_TEXT_CHARS]) for t in texts[start : start + BATCH]]
-            out.append(encode(self.tokenizer.batch(chunk)).float().numpy())
+            out.append(encode(self.tokenizer.batch(chunk).to(self.device)).float().cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, self.model.dim), np.float32)
 
     def score(self, queries: list[str], titles: list[str]) -> np.ndarray:

@@ -35,7 +35,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.errors import DssmError, NotADssmModel
 from core.text import capped_query, checked_texts
-from modeling.checkpoint import read_checkpoint
+from modeling.checkpoint import read_checkpoint, slim_checkpoint
 
 CHAMPION = "champion"
 OUTPUTS = ("score", "query_embedding", "title_embedding")
@@ -189,14 +189,6 @@ def load_logged_model(uri: str) -> tuple[TwoTowerModel, str]:
     logged it, loaded as data (logged_files, model_from_files)."""
     files, run_id = logged_files(uri)
     return model_from_files(files, uri), run_id
-
-
-def slim_checkpoint(checkpoint: Path, dest: Path) -> Path:
-    """The checkpoint without optimiser state: what serving needs, a third of the bytes."""
-    state = read_checkpoint(checkpoint)
-    keep = {k: state[k] for k in ("config", "vocab", "model", "step", "dataset_sha256", "mlflow_run_id") if k in state}
-    torch.save(keep, dest)
-    return dest
 
 
 def log_model(

@@ -23,8 +23,9 @@ from modeling.data import ListTargets, pair_weights, row_keys
 from modeling.encoders import ENCODERS, build_encoder, tokenizer_for
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss, listwise_loss, training_loss
-from modeling.optim import momentum_at, set_momentum
+from modeling.optim import momentum_at, set_schedule
 from modeling.tables import HashingTable, TableRows, momentum_runs
+from modeling.tokens import Ragged, Rows, text_key
 
 TEXTS = ["cordless drill", "white steel ladder with 2 pack", "rug", "outdoor led lamp for home", "zzqx sink"]
 
@@ -255,16 +256,35 @@ def test_loss_is_equation_5():
     torch.testing.assert_close(click_loss(q, d, LossConfig(gamma=10.0)), in_batch)
     # weighted by clicks: a row clicked three times counts three times
     per_row = -torch.log_softmax(10 * cos, 1)[:, 0]
-    weights = pair_weights([("q", "p", [], 3, 10), ("q", "p", [], 1, 2)], "clicks")
+    rows, both = weighted_rows(clicks=[3, 1], impressions=[10, 2], debiased=[7.5, 1.0]), np.arange(2)
+    weights = pair_weights(rows, both, "clicks")
     torch.testing.assert_close(click_loss(q, d, cfg, weights), (3 * per_row[0] + per_row[1]) / 4)
-    rows = [("q", "p", [], 3, 10), ("q", "p", [], 1, 2)]
-    torch.testing.assert_close(pair_weights(rows, "ctr"), torch.tensor([0.3, 0.5]))
-    torch.testing.assert_close(pair_weights(rows, "log_clicks"), torch.log1p(torch.tensor([3.0, 1.0])))
-    torch.testing.assert_close(pair_weights(rows, "none"), torch.ones(2))
+    torch.testing.assert_close(pair_weights(rows, both, "ctr"), torch.tensor([0.3, 0.5]))
+    torch.testing.assert_close(pair_weights(rows, both, "log_clicks"), torch.log1p(torch.tensor([3.0, 1.0])))
+    torch.testing.assert_close(pair_weights(rows, both, "none"), torch.ones(2))
     # inverse-propensity weights: the debiased click counts of the rows
-    rows = [("q", "p", [], 3, 10, 7.5, [], []), ("q", "p", [], 1, 2, 1.0, [], [])]
-    torch.testing.assert_close(pair_weights(rows, "ipw"), torch.tensor([7.5, 1.0]))
-    torch.testing.assert_close(pair_weights(rows, "log_ipw"), torch.log1p(torch.tensor([7.5, 1.0])))
+    torch.testing.assert_close(pair_weights(rows, both, "ipw"), torch.tensor([7.5, 1.0]))
+    torch.testing.assert_close(pair_weights(rows, both, "log_ipw"), torch.log1p(torch.tensor([7.5, 1.0])))
+    torch.testing.assert_close(pair_weights(rows, np.array([1]), "clicks"), torch.tensor([1.0]))
+
+
+def weighted_rows(clicks: list, impressions: list, debiased: list) -> Rows:
+    """Tokenised rows that carry only their click counts (text ids all 0, no negatives, no lists)."""
+    n, none = len(clicks), np.zeros(len(clicks), np.int64)
+    return Rows(
+        *(np.array([0, n]), np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros((n, 0), np.int32)),
+        *(np.array(v, np.float32) for v in (clicks, impressions, debiased)),
+        shown=Ragged.of(none, np.zeros(0, np.int32)),
+        relevance=Ragged.of(none, np.zeros(0, np.float32)),
+    )
+
+
+def keys_of(rows: list) -> torch.Tensor:
+    """`row_keys` of (query, clicked title, ...) rows, their texts numbered as the token cache does."""
+    texts = sorted({t for r in rows for t in r[:2]})
+    keys = np.array([text_key(t) for t in texts])
+    ids = {t: i for i, t in enumerate(texts)}
+    return row_keys(keys, np.array([ids[r[0]] for r in rows]), np.array([ids[r[1]] for r in rows]))
 
 
 # rows 0, 1 share a query; rows 0, 2 share a clicked title; row 3 shares nothing
@@ -285,7 +305,7 @@ def hand_click_loss(q: torch.Tensor, d: torch.Tensor, gamma: float, skip) -> tor
 def test_masked_in_batch_negatives_skip_rows_of_the_same_query_or_clicked_title():
     torch.manual_seed(0)
     q, d = torch.randn(4, 3), torch.randn(4, 2, 3)  # one sampled negative per row
-    keys = row_keys(MASK_ROWS)
+    keys = keys_of(MASK_ROWS)
     shared = {(i, j) for i, a in enumerate(MASK_ROWS) for j, b in enumerate(MASK_ROWS) if a[0] == b[0] or a[1] == b[1]}
     assert shared - {(i, i) for i in range(4)} == {(0, 1), (1, 0), (0, 2), (2, 0)}
     masked = hand_click_loss(q, d, 10.0, lambda i, j: (i, j) in shared)
@@ -324,7 +344,7 @@ def test_masked_in_batch_negatives_across_two_gloo_ranks_are_the_global_batchs()
     """Each rank holds 2 of MASK_ROWS: row 0 and its masked rows 1 (same rank) and 2 (the other)."""
     torch.manual_seed(0)
     q, d = torch.randn(4, 3), torch.randn(4, 2, 3)
-    keys = row_keys(MASK_ROWS)
+    keys = keys_of(MASK_ROWS)
     out = mp.Manager().dict()
     mp.spawn(_masked_loss_on_a_rank, args=(free_port(), q, d, keys, out), nprocs=2)
     q1, d1 = q.clone().requires_grad_(), d.clone().requires_grad_()
@@ -339,17 +359,18 @@ def test_masked_in_batch_negatives_across_two_gloo_ranks_are_the_global_batchs()
 def test_row_keys_are_the_same_in_every_process():
     """Ranks compare the keys they gather from each other: no per-process salt (Python's hash())."""
     rows = [("cordless drill", "drill 18v", []), ("cordless drill", "ladder", []), ("rug", "drill 18v", [])]
-    keys = row_keys(rows)
+    keys = keys_of(rows)
     assert keys.dtype == torch.int64 and keys.shape == (3, 2)
     assert keys[0, 0] == keys[1, 0] and keys[0, 1] == keys[2, 1]  # the same query; the same clicked title
     assert keys[0, 0] != keys[2, 0] and keys[0, 1] != keys[1, 1]
-    code = "import json, sys; from modeling.data import row_keys; print(row_keys(json.load(sys.stdin)).tolist())"
+    texts = [t for r in rows for t in r[:2]]
+    code = "import json, sys; from modeling.tokens import text_key; print([text_key(t) for t in json.load(sys.stdin)])"
     for seed in ("0", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         done = subprocess.run(
-            [sys.executable, "-c", code], input=json.dumps(rows), capture_output=True, text=True, env=env, check=True
+            [sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True, env=env, check=True
         )
-        assert done.stdout.strip() == str(keys.tolist())
+        assert done.stdout.strip() == str(keys.reshape(-1).tolist())
 
 
 def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles():
@@ -398,7 +419,7 @@ def test_row_wise_table_updates_are_torchs_dense_nesterov_sgd():
         ids = torch.randint(0, 40 if step < 10 else 8, (6,), generator=generator)  # rows 8-39 idle after step 9
         offsets = torch.tensor([0, 3])
         for table, optimizer in ((dense_table, dense), (row_table, sparse)):
-            set_momentum(optimizer, step, total, TrainConfig(optim=cfg))
+            set_schedule(optimizer, step, total, TrainConfig(optim=cfg))
             optimizer.zero_grad()
             (table(ids, offsets) - target).pow(2).sum().backward()
         rows.gradients()

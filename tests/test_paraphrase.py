@@ -197,18 +197,28 @@ def test_paraphrase_objective_needs_one_encoder(paraphrase_data, tmp_path, capsy
 def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
     from modeling.config import DataConfig
     from modeling.data import ClickBatches, train_files
+    from modeling.tokens import Ragged, Rows, Tokenised, tokenise
 
     tokenizer = Tokenizer(Vocab.load(paraphrase_data / "vocab"), max_words=40)
-    cfg = DataConfig(batch_size=2, scramble=0.5)
-    batches = ClickBatches(train_files(paraphrase_data / "negatives"), 0, 1, cfg, tokenizer, 0, seed=1)
     words = "one two three four five six seven eight nine".split()
-    rows = [(" ".join(words), " ".join(reversed(words)), [], 1, 1) for _ in range(40)]
+    texts = tokenise([" ".join(words), " ".join(reversed(words))], tokenizer)
+    none = np.zeros(40, np.int64)
+    files = train_files(paraphrase_data / "negatives")
+    rows = Rows(
+        np.array([0] + [40] * len(files)),  # every row in the first shard
+        *(np.zeros(40, np.int32), np.ones(40, np.int32), np.zeros((40, 0), np.int32)),  # query 0, title 1
+        *(np.ones(40, np.float32) for _ in range(3)),
+        Ragged.of(none, np.zeros(0, np.int32)),
+        Ragged.of(none, np.zeros(0, np.float32)),
+    )
+    batches = ClickBatches(Tokenised(texts, rows, rows), files, 0, 1, DataConfig(batch_size=2, scramble=0.5), 0, seed=1)
 
     def word_orders(batch):
         return [tuple(x) for x in torch.split(batch.words, batch.lengths.tolist())]
 
-    plain_q, plain_d, *_ = batches.encode(rows)
-    queries, docs, *_ = batches.encode(rows, np.random.default_rng(0))
+    every = np.arange(40)
+    plain_q, plain_d, *_ = batches.batch(rows, every, None, 0, False)
+    queries, docs, *_ = batches.batch(rows, every, np.random.default_rng(0), 0, False)
     q_moved = [a != b for a, b in zip(word_orders(queries), word_orders(plain_q), strict=True)]
     d_moved = [a != b for a, b in zip(word_orders(docs), word_orders(plain_d), strict=True)]
     assert q_moved == d_moved and 5 < sum(q_moved) < 35  # whole pairs, about half of them

@@ -384,11 +384,11 @@ def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dic
     import faiss
 
     from core.artifacts import write_manifest
+    from modeling.checkpoint import slim_checkpoint
     from retrieval.config import IndexConfig
     from retrieval.index import build_faiss
     from scoring.bm25 import CatalogueBM25
     from scoring.retriever import INDEX_FILE
-    from scoring.serving import slim_checkpoint
 
     (out / "embeddings").mkdir(parents=True)
     (out / "model").mkdir()

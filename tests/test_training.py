@@ -17,13 +17,14 @@ import pytest
 import torch
 from conftest import free_port, write_tiny_dataset
 
-from core.artifacts import write_manifest
+from core.artifacts import read_manifest, write_manifest
 from core.errors import DssmError
 from dssm.cli import main as dssm_main
 from modeling.checkpoint import load_model, read_checkpoint
 from modeling.config import load_config
-from modeling.data import ClickBatches, train_files, validation_rows
+from modeling.data import ClickBatches, train_files
 from modeling.hashing import Tokenizer, Vocab
+from modeling.tokens import load_or_build
 from modeling.train import resolve_paths, train, validation_loss
 
 TINY = ["model.ncell=8", "data.batch_size=16", "threads=1", "log_every=5", "eval_every=10", "checkpoint_every=10"]
@@ -60,9 +61,9 @@ def test_golden_loss_and_validation_loss_falls(tiny_data, tmp_path):
     # the checkpoint loads back into a model that scores the validation set the same way
     model, tokenizer, loaded = load_model(tmp_path / "run")
     assert loaded.model == cfg.model
-    batches = ClickBatches(train_files(tiny_data / "negatives"), 0, 1, cfg.data, tokenizer, 4, cfg.seed)
-    rows = validation_rows(tiny_data / "negatives", cfg.data.max_valid_rows)
-    assert validation_loss(model, rows, batches, cfg, "cpu") == pytest.approx(valid[30], abs=1e-5)
+    batches = tiny_batches(tiny_data, cfg.data, tokenizer)
+    assert validation_loss(model, batches, cfg, "cpu") == pytest.approx(valid[30], abs=1e-5)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["device"] == "cpu"
     run = mlflow.MlflowClient(cfg.mlflow_uri).get_run(summary["mlflow_run_id"])
     assert run.data.params["model.encoder"] == "lstm" and run.data.tags["system"] == "lstm"
     assert run.data.tags["dataset_sha256"] and run.info.status == "FINISHED"
@@ -89,16 +90,19 @@ def test_row_wise_table_updates_train_the_dense_model(tiny_data, tmp_path):
         )
 
 
+def tiny_batches(data: Path, cfg, tokenizer, *options) -> ClickBatches:
+    """ClickBatches of the tiny dataset's negatives, tokenised (or read from its token cache)."""
+    negatives = data / "negatives"
+    tokenised = load_or_build(negatives, read_manifest(negatives)["content_sha256"], tokenizer, 4)
+    return ClickBatches(tokenised, train_files(negatives), 0, 1, cfg, 4, 1, *options)
+
+
 def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     cfg = config(tiny_data, tmp_path / "run", "data.word_dropout=0.2")
-    vocab = Vocab.load(tiny_data / "vocab")
+    batches = tiny_batches(tiny_data, cfg.data, Tokenizer(Vocab.load(tiny_data / "vocab"), 40), "ipw", True)
 
-    def steps(encode_in: str, start: int = 0) -> list:
-        cfg.data.encode_in = encode_in
-        tokenizer = Tokenizer(vocab, cfg.model.max_words)  # fresh: word numbering sets a batch's layout
-        files = train_files(tiny_data / "negatives")
-        batches = ClickBatches(files, 0, 1, cfg.data, tokenizer, 4, cfg.seed, "ipw", listwise=True)
-        return list(batches.steps(start, 9))  # 6 steps per epoch: across an epoch boundary
+    def steps(process: bool, start: int = 0) -> list:
+        return list(batches.steps(start, 9, process=process))  # 6 steps per epoch: across an epoch boundary
 
     def tensors(batch: tuple) -> list:
         queries, docs, weights, keys, lists = batch
@@ -110,10 +114,10 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
             torch.equal(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(tensors(p), tensors(q), strict=True)
         )
 
-    inline = steps("step")
+    inline = steps(False)
     assert len(inline) == 9  # word dropout included: the same draws wherever they are made
-    assert same(steps("process"), inline)
-    assert same(steps("process", start=4), steps("step", start=4))  # a resumed run
+    assert same(steps(True), inline)
+    assert same(steps(True, start=4), steps(False, start=4))  # a resumed run
 
 
 # minilm: a tiny random BERT, its lower layer frozen and cached in each rank (AdamW)
