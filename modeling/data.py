@@ -126,8 +126,9 @@ class ClickBatches:
         self.listwise = listwise
         self.rank = rank
 
-    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
-        """The epoch's training batches after the first `skip`."""
+    def epoch(self, epoch: int, skip: int = 0, stop: int | None = None, keep=None) -> Iterator[Batch]:
+        """The epoch's training batches after the first `skip` (and before step `stop`; with `keep`,
+        those of the steps s it keeps, `keep(s)`)."""
         rows, steps = self.tokenised.train, self.steps_per_epoch
         starts = rows.shard_starts
         order = [
@@ -137,26 +138,27 @@ class ClickBatches:
         # (steps, rows of the step): each shard's `per_shard` rows of the step, shard after shard
         index = np.stack([o[: steps * self.per_shard].reshape(steps, self.per_shard) for o in order], 1)
         index = index.reshape(steps, -1)
-        for step in range(skip, steps):
-            rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step])
-            yield self.batch(rows, index[step], rng, self.k, self.listwise)
+        for step in range(skip, steps if stop is None else stop):
+            if keep is None or keep(step):
+                rng = np.random.default_rng([self.seed, 1 + self.rank, epoch, step])
+                yield self.batch(rows, index[step], rng, self.k, self.listwise)
 
-    def steps(self, start: int, total: int, process: bool = False, pin: bool = False) -> Iterator[Batch]:
+    def steps(self, start: int, total: int, workers: int = 0, pin: bool = False) -> Iterator[Batch]:
         """The training batches of steps `start` + 1 … `total`, across epochs, built in the training
-        step or, with `process`, ahead in a worker process (`pin`: into page-locked memory)."""
-        if process:
-            return in_worker_process(self, start, total, pin)
+        step or, with `workers` > 0, ahead in that many worker processes (`pin`: into page-locked memory)."""
+        if workers:
+            return in_worker_processes(self, start, total, workers, pin)
         return self._steps(start, total)
 
-    def _steps(self, start: int, total: int) -> Iterator[Batch]:
-        step = start
+    def _steps(self, start: int, total: int, worker: int = 0, workers: int = 1) -> Iterator[Batch]:
+        """Steps `start` + 1 … `total`; with `workers` > 1, only every workers-th of them from the
+        `worker`-th on (each worker process builds its share; the loader interleaves them in order)."""
+        per_epoch, step = self.steps_per_epoch, start
         while step < total:
-            epoch, skip = divmod(step, self.steps_per_epoch)
-            for batch in self.epoch(epoch, skip=skip):
-                if step >= total:
-                    return
-                step += 1
-                yield batch
+            epoch, skip = divmod(step, per_epoch)
+            stop = min(per_epoch, total - epoch * per_epoch)
+            yield from self.epoch(epoch, skip, stop, lambda s, e=epoch: (e * per_epoch + s - start) % workers == worker)
+            step = epoch * per_epoch + stop
 
     def valid(self, limit: int) -> Iterator[tuple[int, Batch]]:
         """(rows, batch) over the first `limit` validation rows, `batch_size` at a time: unweighted,
@@ -222,17 +224,19 @@ class _StepStream(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         torch.set_num_threads(1)
-        return self.batches._steps(self.start, self.total)
+        info = torch.utils.data.get_worker_info()
+        return self.batches._steps(self.start, self.total, info.id, info.num_workers)
 
 
-def in_worker_process(batches: ClickBatches, start: int, total: int, pin: bool = False) -> Iterator:
-    """`batches.steps` produced up to PREFETCH ahead by one spawned DataLoader worker process (no GIL
-    shared with the training step; tensors come back through shared memory, and with `pin` are
-    copied into page-locked memory by the loader's pinning thread)."""
+def in_worker_processes(batches: ClickBatches, start: int, total: int, workers: int, pin: bool = False) -> Iterator:
+    """`batches.steps` produced up to PREFETCH ahead by each of `workers` spawned DataLoader worker
+    processes, worker k building steps k, k + workers, ... and the loader taking them in turn, so in
+    order (no GIL shared with the training step; tensors come back through shared memory, and with
+    `pin` are copied into page-locked memory by the loader's pinning thread)."""
     loader = torch.utils.data.DataLoader(
         _StepStream(batches, start, total),
         batch_size=None,
-        num_workers=1,
+        num_workers=workers,
         prefetch_factor=PREFETCH,
         multiprocessing_context="spawn",
         pin_memory=pin,

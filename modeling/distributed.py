@@ -60,10 +60,10 @@ def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def describe(device: torch.device) -> str:
-    """What a run trains on, for its log: the GPU's name and precision, or the CPU threads."""
+def describe(device: torch.device, precision: str) -> str:
+    """What a run trains on, for its log: the GPU's name and the precision, or the CPU threads."""
     if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)}, bf16 autocast)"
+        return f"{device} ({torch.cuda.get_device_name(device)}, {precision})"
     return f"cpu ({torch.get_num_threads()} threads)"
 
 

@@ -158,12 +158,22 @@ class Recurrent(nn.Module):
             nn.init.ones_(self.bias[self.hidden : 2 * self.hidden])
 
     def _choose_impl(self, impl: str) -> str:
-        native_ok = self.cell == "rnn" or (self.forget_gate and not self.peepholes)
-        if impl == "native" and not native_ok:
-            raise ValueError("model.impl=native needs a tanh RNN or an LSTM with forget gate and no peepholes")
-        if impl == "auto":
-            return "loop"  # fastest on CPU in benchmarks/train_bench.py (BENCHMARKS.md)
+        if impl == "native" and not self.native_ok:
+            raise ValueError("model.impl=native needs a tanh RNN or an LSTM without peepholes")
         return impl
+
+    @property
+    def native_ok(self) -> bool:
+        """Whether torch's RNN kernels compute this cell: a tanh RNN, an LSTM without peepholes."""
+        return self.cell == "rnn" or not self.peepholes
+
+    def loop_for(self, x: Tensor) -> str:
+        """The implementation a batch on x's device runs: `model.impl`, with auto resolved: torch's
+        kernels (cuDNN) on a GPU where they compute the cell, one launch per direction instead of a
+        dozen per word; else the Python loop, fastest on the CPU (BENCHMARKS.md)."""
+        if self.impl != "auto":
+            return self.impl
+        return "native" if x.is_cuda and self.native_ok else "loop"
 
     def run(self, batch: TextBatch, reverse: bool = False, record: bool = False):
         """(outputs per step, internals per step, packed inputs): steps in the packed, sorted order."""
@@ -171,38 +181,43 @@ class Recurrent(nn.Module):
         packed.x = dropped(packed.x, self.dropout, self.training)
         gate_x = (packed.x[:, : self.gates * self.hidden] if self.extra else packed.x) + self.bias
         internals: list[list[Tensor]] = []
-        if self.impl == "native" and not record:
+        impl = self.loop_for(gate_x)
+        if impl == "native" and not record:
             outputs = self._native(gate_x, packed)
         elif self.cell == "rnn":
-            outputs = (scripted("rnn") if self.impl == "script" else rnn_loop)(packed.steps(gate_x), self.w_rec)
+            outputs = (scripted("rnn") if impl == "script" else rnn_loop)(packed.steps(gate_x), self.w_rec)
         else:
-            loop = scripted("lstm") if self.impl == "script" else lstm_loop
+            loop = scripted("lstm") if impl == "script" else lstm_loop
             outputs, internals = loop(packed.steps(gate_x), self.w_rec, self.peep, self.forget_gate, record)
         return outputs, internals, packed
 
     def _native(self, gate_x: Tensor, packed: Packed) -> list[Tensor]:
-        """nn.LSTM / nn.RNN kernels on the same parameters: identity input weights, our recurrent ones."""
+        """nn.LSTM / nn.RNN kernels on the same parameters: identity input weights, our recurrent ones.
+        torch's LSTM always has a forget gate; the paper's cell (c(t) = c(t-1) + i ⊙ g) is that cell with
+        the gate held open: no weights and a pre-activation of FORGET_OPEN, whose sigmoid is 1.0 exactly
+        in float32, so c(t-1) passes unscaled forward and its gradient unscaled back."""
         h = self.hidden
-        eye = torch.eye(self.gates * h, device=gate_x.device, dtype=gate_x.dtype)
         sizes = torch.tensor(packed.sizes)
         zeros = gate_x.new_zeros(1, packed.sizes[0], h)
         if self.cell == "rnn":
+            eye = torch.eye(h, device=gate_x.device, dtype=gate_x.dtype)
             out, _ = torch._VF.rnn_tanh(gate_x, sizes, zeros, [eye, self.w_rec], False, 1, 0.0, self.training, False)
-        else:  # our gate order [i, f, o, g] -> torch's [i, f, g, o]
-            perm = torch.cat([torch.arange(2 * h), torch.arange(3 * h, 4 * h), torch.arange(2 * h, 3 * h)])
-            perm = perm.to(gate_x.device)
-            out, _, _ = torch._VF.lstm(
-                gate_x.index_select(1, perm),
-                sizes,
-                (zeros, zeros),
-                [eye, self.w_rec.index_select(0, perm)],
-                False,
-                1,
-                0.0,
-                self.training,
-                False,
-            )
+            return packed.steps(out)
+        # our gate order [i, f?, o, g] -> torch's [i, f, g, o]
+        if self.forget_gate:
+            (i, f, o, g), (wi, wf, wo, wg) = gate_x.split(h, 1), self.w_rec.split(h, 0)
+        else:
+            (i, o, g), (wi, wo, wg) = gate_x.split(h, 1), self.w_rec.split(h, 0)
+            f, wf = gate_x.new_full((len(gate_x), h), FORGET_OPEN), self.w_rec.new_zeros(h, h)
+        eye = torch.eye(4 * h, device=gate_x.device, dtype=gate_x.dtype)
+        weights = [eye, torch.cat([wi, wf, wg, wo])]
+        out, _, _ = torch._VF.lstm(
+            torch.cat([i, f, g, o], 1), sizes, (zeros, zeros), weights, False, 1, 0.0, self.training, False
+        )
         return packed.steps(out)
+
+
+FORGET_OPEN = 40.0  # sigmoid(40) = 1 - 4e-18: 1.0 in float32 and float64
 
 
 def _unsort(sorted_rows: Tensor, rank: Tensor) -> Tensor:

@@ -21,10 +21,11 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimiz
     cfg = train.optim
     params = [p for p in model.parameters() if p.requires_grad]
     name = optimizer_name(train)
+    fused = bool(params) and params[0].is_cuda  # on a GPU: a few kernels per step for all tensors, not several each
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.adamw_lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.adamw_lr, weight_decay=cfg.weight_decay, fused=fused or None)
     if name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
     # fused: one pass over each tensor per step (the embedding tables dominate memory traffic)
     return torch.optim.SGD(
         params, lr=cfg.lr, momentum=cfg.momentum_edge_value, nesterov=True, weight_decay=cfg.weight_decay, fused=True

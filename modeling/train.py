@@ -14,7 +14,8 @@ import math
 import os
 import shutil
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from modeling.distributed import (
     mean_over_ranks,
     pick_device,
 )
-from modeling.encoders import tokenizer_for
+from modeling.encoders import ENCODERS, tokenizer_for
 from modeling.hashing import Vocab
 from modeling.model import TwoTower, embedding_tables, regulariser, training_loss
 from modeling.optim import build_optimizer, set_schedule, table_rows
@@ -52,6 +53,7 @@ from modeling.tokens import load_or_build
 from modeling.tracker import Tracker
 
 log = logging.getLogger("dssm.train")
+LOADERS_ON_GPU = 2  # worker processes building a GPU run's batches (one: 370k LSTM-RNN examples/s on the 2-core VM)
 
 
 def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) -> dict[str, Any]:
@@ -131,7 +133,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     initial: dict[str, torch.Tensor]  # step-0 embedding tables, for loss.l2_embeddings
     rows: TableRows | None  # row-wise table updates
-    autocast: AbstractContextManager
+    precision: Callable[[], AbstractContextManager]  # what each forward runs under (`precision`)
     bytes_per_step: int  # fixed_bytes_sent
     tracker: Tracker
 
@@ -150,7 +152,7 @@ def setup(
     synced = d.world > 1 and any(p.requires_grad for p in model.parameters())
     ddp = DistributedDataParallel(model) if synced else model
     bytes_per_step = fixed_bytes_sent(model, cfg, d)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    transformer = ENCODERS[cfg.model.encoder].transformer
     tracker = open_tracker(cfg, inputs, start.state, device, d)
     run = Run(
         cfg=cfg,
@@ -165,7 +167,7 @@ def setup(
         optimizer=optimizer,
         initial=initial,
         rows=rows,
-        autocast=autocast,
+        precision=precision(device, transformer),
         bytes_per_step=bytes_per_step,
         tracker=tracker,
     )
@@ -173,7 +175,8 @@ def setup(
         run.out.mkdir(parents=True, exist_ok=True)
         log.info(
             "training %s: %d steps (%d per epoch), global batch %d over %d process(es) on %s; out %s",
-            *(cfg.model.encoder, total, batches.steps_per_epoch, cfg.data.batch_size, d.world, describe(device)),
+            *(cfg.model.encoder, total, batches.steps_per_epoch, cfg.data.batch_size, d.world),
+            describe(device, "bf16 autocast" if device.type == "cuda" and transformer else "float32"),
             run.out,
         )
         if step:
@@ -201,8 +204,9 @@ def loop(run: Run) -> dict[str, Any]:
     status = "FAILED"
     on_gpu = run.device.type == "cuda"
     ahead = cfg.data.encode_in == "process" or (cfg.data.encode_in == "auto" and on_gpu)
+    workers = (LOADERS_ON_GPU if on_gpu else 1) if ahead else 0
     try:
-        for batch in run.batches.steps(step, run.total, process=ahead, pin=on_gpu):
+        for batch in run.batches.steps(step, run.total, workers=workers, pin=on_gpu):
             step += 1
             loss, penalty, norm, mu = train_step(run, batch, step)
             window.add(loss)
@@ -268,7 +272,7 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     # non_blocking: a pinned batch (a GPU run's worker) is copied while the GPU still works on the last step
     queries, docs = queries.to(device, non_blocking=True), docs.to(device, non_blocking=True)
     lists = lists.to(device, non_blocking=True) if lists is not None else None
-    with run.autocast:
+    with run.precision():
         q, dv, listed = run.ddp(queries, docs, lists.docs if lists is not None else None)
     weighted = None if cfg.loss.pair_weight == "none" else weights.to(device, non_blocking=True)
     loss = training_loss(q, dv, cfg.loss, weighted, keys, run.d.world > 1, lists, listed)
@@ -285,6 +289,26 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     if rows is not None:
         rows.update()
     return loss, penalty, norm, mu
+
+
+def precision(device: torch.device, transformer: bool) -> Callable[[], AbstractContextManager]:
+    """What a training step's forward runs under. On a GPU, a transformer in bf16 autocast, without
+    scaled-dot-product attention's cuDNN kernels (they plan anew for every padded length: 2.5-3.3 ms
+    of CPU a call, 70 ms a step, in issue 61's profile); word-hashing encoders in float32 (matrices
+    ~100 wide: bf16 would add casts at every word and save nothing)."""
+    if device.type != "cuda" or not transformer:
+        return nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+    def context() -> AbstractContextManager:
+        stack = ExitStack()
+        stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        stack.enter_context(sdpa_kernel(kernels))
+        return stack
+
+    return context
 
 
 @dataclass

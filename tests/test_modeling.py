@@ -195,20 +195,37 @@ def test_bilstm_backward_direction_reads_the_text_reversed(tokenizer):
     torch.testing.assert_close(vec[6:].double(), expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("encoder,kw", [("lstm", {"forget_gate": True}), ("rnn", {}), ("gran", {"forget_gate": True})])
-def test_loop_script_and_native_give_the_same_vectors(tokenizer, encoder, kw):
+@pytest.mark.parametrize(
+    "encoder,kw",
+    [("lstm", {}), ("lstm", {"forget_gate": True}), ("rnn", {}), ("gran", {}), ("bilstm", {"forget_gate": True})],
+)
+def test_loop_script_and_native_give_the_same_vectors_and_gradients(tokenizer, encoder, kw):
+    """native: torch's kernels (cuDNN on a GPU), the paper's cell (no forget gate) with the gate held open."""
     batch = tokenizer.batch(TEXTS)
     torch.manual_seed(0)
-    ref = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl="loop", **kw))
+    ref = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl="loop", **kw)).double()
+    expected = ref(batch)
+    expected.sum().backward()
     for impl in ("script", "native"):
-        other = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl=impl, **kw))
+        other = build_encoder(tokenizer.vocab.size, tiny_cfg(encoder, impl=impl, **kw)).double()
         other.load_state_dict(ref.state_dict())
-        torch.testing.assert_close(other(batch), ref(batch), atol=1e-6, rtol=1e-5)
+        got = other(batch)
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-9)
+        got.sum().backward()
+        for (name, a), b in zip(other.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-9, msg=f"{impl} {name}")
 
 
-def test_native_refuses_the_papers_lstm_variant(tokenizer):
+def test_native_refuses_peepholes(tokenizer):
     with pytest.raises(ValueError, match="native"):
-        build_encoder(tokenizer.vocab.size, tiny_cfg("lstm", impl="native"))
+        build_encoder(tokenizer.vocab.size, tiny_cfg("lstm", impl="native", peepholes=True))
+
+
+def test_auto_runs_the_loop_on_the_cpu(tokenizer):
+    rnn = build_encoder(tokenizer.vocab.size, tiny_cfg("lstm")).forward_rnn
+    assert rnn.impl == "auto" and rnn.loop_for(torch.zeros(1)) == "loop"
+    with_peepholes = build_encoder(tokenizer.vocab.size, tiny_cfg("lstm", peepholes=True)).forward_rnn
+    assert not with_peepholes.native_ok
 
 
 def test_lstm_gradients_match_finite_differences(tokenizer):

@@ -101,8 +101,8 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
     cfg = config(tiny_data, tmp_path / "run", "data.word_dropout=0.2")
     batches = tiny_batches(tiny_data, cfg.data, Tokenizer(Vocab.load(tiny_data / "vocab"), 40), "ipw", True)
 
-    def steps(process: bool, start: int = 0) -> list:
-        return list(batches.steps(start, 9, process=process))  # 6 steps per epoch: across an epoch boundary
+    def steps(workers: int, start: int = 0) -> list:
+        return list(batches.steps(start, 9, workers=workers))  # 6 steps per epoch: across an epoch boundary
 
     def tensors(batch: tuple) -> list:
         queries, docs, weights, keys, lists = batch
@@ -114,10 +114,11 @@ def test_batches_encoded_ahead_are_the_in_step_batches(tiny_data, tmp_path):
             torch.equal(x, y) for p, q in zip(a, b, strict=True) for x, y in zip(tensors(p), tensors(q), strict=True)
         )
 
-    inline = steps(False)
+    inline = steps(0)
     assert len(inline) == 9  # word dropout included: the same draws wherever they are made
-    assert same(steps(True), inline)
-    assert same(steps(True, start=4), steps(False, start=4))  # a resumed run
+    assert same(steps(1), inline)
+    assert same(steps(2), inline)  # two workers, each building every other step, taken in turn
+    assert same(steps(2, start=4), steps(0, start=4))  # a resumed run
 
 
 # minilm: a tiny random BERT, its lower layer frozen and cached in each rank (AdamW)
