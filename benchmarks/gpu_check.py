@@ -116,7 +116,7 @@ def phase_smoke(args: argparse.Namespace, report: dict) -> list[str]:
         if spec.transformer:
             keys += ["model.pretrained=false", "model.max_tokens=16", "model.ncell=64"]
         resumed = encoder in RESUMED  # the others build their batches in the step: no worker process to start
-        keys += [] if resumed else ["data.encode_in=step"]
+        keys += ([] if resumed else ["data.encode_in=step"]) + args.extra
         try:
             first = train_run(args.workdir, scratch / encoder, [*keys, "max_steps=3"])
             last = train_run(args.workdir, scratch / encoder, [*keys, "max_steps=5"], resume=True) if resumed else first
@@ -251,10 +251,7 @@ def phase_finetune(args: argparse.Namespace, report: dict) -> list[str]:
             f"{summary['steady_examples_per_s'] or 0:,.0f} |"
         )
         log(lines[-1])
-    best = args.variants[0]
-    for name in args.variants[1:]:
-        if runs["variants"][name]["dev"]["ndcg@10"] > runs["variants"][best]["dev"]["ndcg@10"] + TIE:
-            best = name
+    best = choose({name: v["dev"]["ndcg@10"] for name, v in runs["variants"].items()})
     runs["chosen"] = best
     lines.append(f"chosen on dev: {best} (keys: {' '.join(VARIANTS[best]) or 'the recipe as it is'})")
     tests = []
@@ -278,6 +275,17 @@ def phase_finetune(args: argparse.Namespace, report: dict) -> list[str]:
     lines.append(f"test, seed 1 as exported (float16): NDCG@10 {halves['ndcg@10']:.2f}")
     runs["parts"] = split(exported)
     return lines
+
+
+def choose(dev: dict[str, float]) -> str:
+    """The variant with the best dev NDCG@10, in the order tried; a later one must beat the best so far
+    by more than TIE points (the earlier is the simpler or the cheaper)."""
+    names = list(dev)
+    best = names[0]
+    for name in names[1:]:
+        if dev[name] > dev[best] + TIE:
+            best = name
+    return best
 
 
 def split(path: Path) -> list[str]:

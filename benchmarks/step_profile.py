@@ -1,9 +1,10 @@
 """Where a training step's time goes: torch.profiler over steps of `dssm train`'s own loop.
 
 Builds a run as `dssm train` does (modeling.train.setup: model, optimiser, row-wise tables, batches
-from the tokenised negatives), trains `--warmup` steps, then profiles `--steps` more and prints the
-share of wall time in each part of the step (building the batch, copying it to the device, forward,
-loss, backward, clipping, the optimiser and the row-wise tables) and torch's top operators.
+from the tokenised negatives, built in the step), trains `--warmup` steps, then profiles `--steps`
+more and prints the wall time a step spends building its batch and in `train_step` (the copy to the
+device, forward, loss, backward, clipping, the optimiser, the row-wise tables), then torch's top
+operators by their own time (on a GPU: by GPU time).
 
     python benchmarks/step_profile.py --workdir bench-work/hd model.encoder=lstm data.batch_size=256
 """

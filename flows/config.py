@@ -117,12 +117,12 @@ class RunConfig:
 
     def window(self) -> list[str]:
         """The dates a windowed run reads, oldest first; empty when the run is not windowed."""
-        from datetime import datetime
-
-        from jobs.clean.window import window_dates
-
         if not self.window_days:
             return []
+        from datetime import datetime
+
+        from jobs.clean.window import window_dates  # imports Spark's: only for a windowed run
+
         return window_dates(self.run_date or datetime.now(UTC).date().isoformat(), self.window_days)
 
     def flat(self) -> dict[str, Any]:
@@ -270,9 +270,14 @@ def validate(cfg: RunConfig) -> None:
     devices = [f"{e}@{d}" for e, at, d in entries if at and d not in DEVICES]
     if devices:
         raise DssmError(f"train.per_encoder: {', '.join(devices)}: the device after @ is one of {', '.join(DEVICES)}")
+    from modeling.config import check_device
+
     for encoder in dict.fromkeys([*cfg.train.encoders(), *(e for e, _, _ in entries)]):
         for device in DEVICES:  # a bad training setting fails before any stage runs, whatever the machine
-            validate_training(cfg.train.for_encoder(encoder, device))
+            recipe = cfg.train.for_encoder(encoder, device)
+            validate_training(recipe)
+            if recipe.device != "cpu":
+                check_device(recipe, device)  # what it could not run on the GPU it might meet
     from evaluation.config import check_settings
 
     check_settings(cfg.evaluate)

@@ -49,7 +49,7 @@ def run(
     from modeling.distributed import device_kind
     from scoring.serving import registered_name
 
-    device = device_kind(ctx.cfg.train)  # the per_encoder entries of ENCODER@cuda apply on a GPU
+    device = device_kind(ctx.cfg.train.for_encoder(encoder))  # its own `device` key too; ENCODER@cuda on a GPU
     cfg = TrainConfig.of(
         ctx.cfg.train.for_encoder(encoder, device),  # the section with the encoder's train.per_encoder keys
         negatives.path,

@@ -132,9 +132,17 @@ def slim_checkpoint(checkpoint: Path, dest: Path, half: bool = False) -> Path:
     `load_model` reads them back into float32)."""
     state = read_checkpoint(checkpoint)
     keep = {k: state[k] for k in ("config", "vocab", "model", "step", "dataset_sha256", "mlflow_run_id") if k in state}
-    if half:
-        keep["model"] = {k: v.half() if v.is_floating_point() else v for k, v in keep["model"].items()}
+    if half:  # a tensor under two names (a shared tower's) stays one tensor
+        halves: dict[tuple, torch.Tensor] = {}
+        model = {}
+        for name, value in keep["model"].items():
+            key = (value.data_ptr(), value.dtype, tuple(value.shape), tuple(value.stride()))
+            if key not in halves:
+                halves[key] = value.half() if value.is_floating_point() else value
+            model[name] = halves[key]
+        keep["model"] = model
     tmp = dest.with_name(f".{dest.name}.tmp")
+    dest.parent.mkdir(parents=True, exist_ok=True)
     torch.save(keep, tmp)
     os.replace(tmp, dest)
     return dest

@@ -233,6 +233,8 @@ def validate(cfg: TrainSettings) -> None:
         raise DssmError("data.word_dropout must be in [0, 1) and data.scramble in [0, 1]")
     if not 0 <= o.warmup < 1:
         raise DssmError("optim.warmup must be in [0, 1)")
+    if cfg.data.shuffle_buffer < 1:
+        raise DssmError("data.shuffle_buffer must be at least 1")
     if cfg.data.negatives_per_row < -1:
         raise DssmError("data.negatives_per_row must be >= 0, or -1 for all the rows carry")
     if cfg.data.negatives_per_row == 0 and cfg.loss.objective == "click" and not cfg.loss.in_batch_negatives:

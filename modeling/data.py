@@ -28,7 +28,7 @@ from modeling.config import DataSettings
 from modeling.hashing import TextBatch, text_batch
 from modeling.tokens import Rows, Tokenised, parquet_file
 
-PREFETCH = 4  # batches built ahead by the worker process
+PREFETCH = 4  # batches built ahead by each worker process
 
 
 def train_files(negatives: Path) -> list[Path]:
@@ -110,10 +110,9 @@ class ClickBatches:
         listwise: bool = False,
     ):
         self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
-        if len(tokenised.train.shard_starts) != len(files) + 1:
-            raise DssmError(
-                f"the tokenised negatives have {len(tokenised.train.shard_starts) - 1} shards, not {len(files)}"
-            )
+        sizes = np.diff(tokenised.train.shard_starts)
+        if len(sizes) != len(files) or int(sizes.min()) // self.per_shard != self.steps_per_epoch:
+            raise DssmError(f"the tokenised negatives ({tokenised.path}) do not hold the rows of {files[0].parent}")
         self.tokenised = tokenised
         self.shards = list(range(len(files)))[rank::world]
         self.cfg = cfg
@@ -225,7 +224,8 @@ class _StepStream(torch.utils.data.IterableDataset):
     def __iter__(self):
         torch.set_num_threads(1)
         info = torch.utils.data.get_worker_info()
-        return self.batches._steps(self.start, self.total, info.id, info.num_workers)
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.batches._steps(self.start, self.total, worker, workers)
 
 
 def in_worker_processes(batches: ClickBatches, start: int, total: int, workers: int, pin: bool = False) -> Iterator:

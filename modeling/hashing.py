@@ -132,7 +132,7 @@ def perturbed(
     if word_dropout > 0:
         keep = (rng.random(len(occurrences)) >= word_dropout) | (lengths[text] < 2)
         kept = np.bincount(text[keep], minlength=len(lengths))
-        lost = np.flatnonzero(kept == 0)
+        lost = np.flatnonzero((kept == 0) & (lengths > 0))
         if len(lost):  # one random word of each text that lost them all stays
             starts = np.cumsum(lengths) - lengths
             keep[starts[lost] + (rng.random(len(lost)) * lengths[lost]).astype(np.int64)] = True

@@ -6,8 +6,10 @@ a state. Inputs already hold `W·l(t) + b` for every gate (the word-hashing Embe
 them for all words at once); the loop adds the recurrent part.
 
 Three implementations of the same loop (`model.impl`): `loop` (plain Python), `script`
-(TorchScript) and `native` (`nn.LSTM`/`nn.RNN`, only for the variants they implement: tanh RNN,
-and the LSTM with a forget gate and no peepholes). benchmarks/train_bench.py compares them.
+(TorchScript, CPU only) and `native` (torch's LSTM/RNN kernels, cuDNN on a GPU: the tanh RNN and the
+LSTM without peepholes, the paper's cell as an LSTM with its forget gate held open;
+`modeling/encoders.Recurrent._native`). `auto` is native on a GPU, the loop on the CPU.
+benchmarks/train_bench.py compares them.
 """
 
 from __future__ import annotations

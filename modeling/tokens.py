@@ -67,6 +67,7 @@ class Ragged:
 
     def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(each item's length, the items' values one after another)."""
+        index = np.asarray(index, np.int64)
         begin = self.starts[index]
         lengths = self.starts[index + 1] - begin
         return lengths, self.values[spans(begin, lengths)]
@@ -139,6 +140,9 @@ def _read_split(files: list[Path], n: int) -> tuple[list[pa.ChunkedArray], dict[
     if len(counts) and (counts != n).any():
         raise DssmError(f"a row has {int(counts[counts != n][0])} negatives, the manifest says {n}")
     shown_lengths = pc.list_value_length(table["shown"]).to_numpy(zero_copy_only=False)
+    relevance_lengths = pc.list_value_length(table["relevance"]).to_numpy(zero_copy_only=False)
+    if (shown_lengths != relevance_lengths).any():
+        raise DssmError(f"{files[0].parent}: a row's shown and relevance lists differ in length; rebuild the negatives")
     texts = [table["query"], table["positive"], pc.list_flatten(table["negatives"]), pc.list_flatten(table["shown"])]
     numbers = {
         "shard_starts": np.concatenate([[0], np.cumsum([t.num_rows for t in tables])]).astype(np.int64),
@@ -238,8 +242,8 @@ def load_or_build(negatives: Path, negatives_sha256: str, tokenizer, n: int) -> 
                 found = read(path)
                 os.utime(path)  # the newest used stays when older ones are trimmed
                 return found
-            except (OSError, ValueError, KeyError) as e:
-                log.warning("%s: unreadable token cache (%s); rebuilding it", path, e)
+            except Exception as e:  # truncated, not a zip, a field missing, an object array: never trusted
+                log.warning("%s: unreadable token cache (%s: %s); rebuilding it", path, type(e).__name__, e)
         tokenised = build(Path(negatives), tokenizer, n)
         try:
             write(tokenised, path)
@@ -267,6 +271,8 @@ def write(tokenised: Tokenised, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as handle:
         np.savez(handle, **arrays)
+        handle.flush()
+        os.fsync(handle.fileno())  # a crash after the rename never leaves a truncated cache
     os.replace(tmp, path)
     tokenised.path = path
 
@@ -291,5 +297,8 @@ def read(path: Path) -> Tokenised:
 
 
 def _trim(folder: Path) -> None:
+    """The newest KEEP caches stay; older ones and temporary files of killed writers go."""
     for old in sorted(folder.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
         old.unlink(missing_ok=True)
+    for tmp in folder.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)  # under the lock: no writer is running

@@ -94,10 +94,13 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
             "examples_per_s": None,
             "checkpoint": str(start.path),
             "mlflow_run_id": state["mlflow_run_id"],
+            "steady_examples_per_s": None,
             "device": device.type,
             "skipped": True,
         }
     n = int(inputs.negatives_manifest["params"]["n"])
+    if cfg.data.negatives_per_row > n:  # before tokenising, which a large log takes a while for
+        raise DssmError(f"data.negatives_per_row={cfg.data.negatives_per_row}, but {inputs.negatives} has {n} a row")
     tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], inputs.tokenizer, n)
     batches = ClickBatches(
         *(tokenised, files, d.rank, d.world, cfg.data, n, cfg.seed),
@@ -152,7 +155,7 @@ def setup(
     synced = d.world > 1 and any(p.requires_grad for p in model.parameters())
     ddp = DistributedDataParallel(model) if synced else model
     bytes_per_step = fixed_bytes_sent(model, cfg, d)
-    transformer = ENCODERS[cfg.model.encoder].transformer
+    forward, precise = precision(device, ENCODERS[cfg.model.encoder].transformer)
     tracker = open_tracker(cfg, inputs, start.state, device, d)
     run = Run(
         cfg=cfg,
@@ -167,7 +170,7 @@ def setup(
         optimizer=optimizer,
         initial=initial,
         rows=rows,
-        precision=precision(device, transformer),
+        precision=forward,
         bytes_per_step=bytes_per_step,
         tracker=tracker,
     )
@@ -176,7 +179,7 @@ def setup(
         log.info(
             "training %s: %d steps (%d per epoch), global batch %d over %d process(es) on %s; out %s",
             *(cfg.model.encoder, total, batches.steps_per_epoch, cfg.data.batch_size, d.world),
-            describe(device, "bf16 autocast" if device.type == "cuda" and transformer else "float32"),
+            describe(device, precise),
             run.out,
         )
         if step:
@@ -269,7 +272,7 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     cfg, device, rows = run.cfg, run.device, run.rows
     queries, docs, weights, keys, lists = batch
     mu = set_schedule(run.optimizer, step, run.total, cfg)
-    # non_blocking: a pinned batch (a GPU run's worker) is copied while the GPU still works on the last step
+    # non_blocking: a pinned batch (from a GPU run's workers) is queued for copying without the host waiting
     queries, docs = queries.to(device, non_blocking=True), docs.to(device, non_blocking=True)
     lists = lists.to(device, non_blocking=True) if lists is not None else None
     with run.precision():
@@ -291,13 +294,14 @@ def train_step(run: Run, batch: tuple, step: int) -> tuple[torch.Tensor, torch.T
     return loss, penalty, norm, mu
 
 
-def precision(device: torch.device, transformer: bool) -> Callable[[], AbstractContextManager]:
-    """What a training step's forward runs under. On a GPU, a transformer in bf16 autocast, without
-    scaled-dot-product attention's cuDNN kernels (they plan anew for every padded length: 2.5-3.3 ms
-    of CPU a call, 70 ms a step, in issue 61's profile); word-hashing encoders in float32 (matrices
-    ~100 wide: bf16 would add casts at every word and save nothing)."""
+def precision(device: torch.device, transformer: bool) -> tuple[Callable[[], AbstractContextManager], str]:
+    """What a training step's forward (and validation) runs under, and its name for the log. On a GPU,
+    a transformer in bf16 autocast, without scaled-dot-product attention's cuDNN kernels (they plan
+    anew for every padded length: 2.5-3.3 ms of CPU a call, 70 ms a step, in issue 61's profile);
+    word-hashing encoders in float32 (matrices ~100 wide: bf16 would add casts at every word and save
+    nothing; cuDNN's LSTM kernels multiply in TF32, torch's default for cuDNN)."""
     if device.type != "cuda" or not transformer:
-        return nullcontext
+        return nullcontext, "float32"
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -308,7 +312,7 @@ def precision(device: torch.device, transformer: bool) -> Callable[[], AbstractC
         stack.enter_context(sdpa_kernel(kernels))
         return stack
 
-    return context
+    return context, "bf16 autocast"
 
 
 @dataclass
@@ -353,7 +357,8 @@ def catch_up(run: Run) -> None:
 def validate(run: Run, step: int) -> float | None:
     """The validation loss (rank 0, when it has validation rows), logged at `step`."""
     catch_up(run)
-    val = validation_loss(run.model, run.batches, run.cfg, run.device) if run.d.main else None
+    with run.precision():
+        val = validation_loss(run.model, run.batches, run.cfg, run.device) if run.d.main else None
     if val is not None:
         run.tracker.metrics({"valid_loss": val}, step)
     return val
@@ -430,7 +435,10 @@ def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, de
     if state is None:
         return model, optimizer, initial, 0
     model.load_state_dict(state["model"])
+    fused = [group.get("fused") for group in optimizer.param_groups]  # this device's choice, not the saved run's
     optimizer.load_state_dict(state["optimizer"])
+    for group, kept in zip(optimizer.param_groups, fused, strict=True):
+        group["fused"] = kept
     return model, optimizer, initial, state["step"]
 
 

@@ -1,6 +1,7 @@
 """What `dssm search` serves on Home Depot, from the raw judged file, with one command (issue 48):
 
     .venv/bin/python reproductions/homedepot_search.py --workdir bench-work/hd      # make search-table
+    .venv/bin/python reproductions/homedepot_search.py --workdir bench-work/hd --minilm bench-work/hd/train/minilm-gpu
 
 1. `dssm run --config configs/homedepot_search.yaml`: simulates the click logs, cleans them, builds the
    vocabulary and negatives, trains Table IV's LSTM-RNN and the transformer's bounded fine-tune
@@ -14,8 +15,13 @@
 4. the retrieval table (PROTOCOL.md §8): single systems as measured, the LSTM-RNN's rows as the mean ±
    sd over seeds, each with the paired t-test of its seed-averaged per-query NDCG@10 against BM25 and
    against the untrained fusion.
+With `--minilm RUN_DIR`, the transformer is one fine-tuned elsewhere (its GPU profile, on a machine
+with a GPU: benchmarks/gpu_check.py, `make gpu-check`, whose `assemble` writes RUN_DIR/last.pt): step 1
+then trains the LSTM-RNN alone (its champion is what this machine's `dssm search` serves) and steps 3-4
+score RUN_DIR's transformer as minilm-ft.
 Finished stages and trainings are kept: a rerun redoes only the evaluation. The choices behind the
-config were made on the dev queries: docs/studies/pretrained-fusion-distillation.md.
+config were made on the dev queries: docs/studies/pretrained-fusion-distillation.md and
+docs/studies/gpu-fine-tune.md.
 """
 
 from __future__ import annotations
@@ -40,12 +46,26 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--judgments", type=Path, default=HOME_DEPOT)
     p.add_argument("--workdir", type=Path, default=Path("bench-work/hd"))
+    p.add_argument(
+        "--minilm", type=Path, help="a transformer fine-tuned elsewhere (a run dir with last.pt), e.g. on a GPU"
+    )
     args = p.parse_args()
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} not found: this reproduction needs ../shared/data (see README)")
     work = args.workdir.resolve()  # MLflow wants an absolute sqlite path
     layout = Layout(work)
-    dssm("run", "--config", str(SEARCH), "--workdir", str(work), "--judgments", str(args.judgments), "--no-analyze")
+    alone = ["train.models=[lstm]", "evaluate.fusions=[MODEL+bm25]"] if args.minilm else []  # the transformer: --minilm
+    dssm(
+        "run",
+        "--config",
+        str(SEARCH),
+        "--workdir",
+        str(work),
+        "--judgments",
+        str(args.judgments),
+        "--no-analyze",
+        *alone,
+    )
     served = json.loads((layout.index / "model.json").read_text())
     report = json.loads(layout.report.read_text())
     system = next((g["system"] for g in report["gate"] if g["version"] == served["version"]), "?")
@@ -57,7 +77,8 @@ def main() -> None:
         dssm("train", "--resume", "--on-change", "restart", *base, *data, f"seed={seed}",
              f"out={layout.train(f'lstm-seed{seed}')}")  # fmt: skip
     out = work / "search-eval"
-    models = [layout.train("lstm"), *(layout.train(f"lstm-seed{s}") for s in SEEDS), layout.train("minilm")]
+    minilm = args.minilm.resolve() if args.minilm else layout.train("minilm")
+    models = [layout.train("lstm"), *(layout.train(f"lstm-seed{s}") for s in SEEDS), minilm]
     dssm("evaluate", "--judgments", str(args.judgments), "--out", str(out), "--baselines", "bm25,minilm",
          "--retrieval", "--hybrid-dev", str(layout.negatives), f"--mlflow-uri={store}",
          f"--fusions={','.join(FUSIONS)}", *(a for m in models for a in ("--model", str(m))))  # fmt: skip

@@ -38,14 +38,15 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 class TwoTowerEmbedder:
-    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles; on
-    `device` (default: the GPU when one is visible, else the CPU), in float32."""
+    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles, in
+    float32 on `device`: the CPU, where `dssm search` and the served models embed queries, unless a
+    caller asks for a GPU (benchmarks/gpu_check.py scores its fine-tunes there)."""
 
-    def __init__(self, checkpoint: Path | str, device: str | None = None):
+    def __init__(self, checkpoint: Path | str, device: str = "cpu"):
         from modeling.checkpoint import load_model
 
         self.model, self.tokenizer, self.cfg = load_model(checkpoint)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device)
         self.model.to(self.device)
         self.encoder_name = self.cfg.model.encoder
         from modeling.encoders import ENCODERS

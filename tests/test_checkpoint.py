@@ -200,3 +200,25 @@ def test_the_first_windowed_night_warm_starts_from_a_champion_already_there(tiny
     init_from, why = warm_start_source(layout, uri, name, cfg, "negatives", 0.5)
     assert init_from == str(layout.warm_start / f"v{version}" / "model.pt") and Path(init_from).is_file()
     assert why == f"champion v{version} (vocabulary overlap 100%)"
+
+
+def test_a_half_precision_slim_checkpoint_keeps_a_shared_towers_tensors_once(tiny_data, tmp_path):
+    from modeling.checkpoint import load_model, slim_checkpoint
+
+    run = tiny_model(tiny_data, tmp_path / "run")
+    full = slim_checkpoint(run / "last.pt", tmp_path / "full.pt")
+    half = slim_checkpoint(run / "last.pt", tmp_path / "half.pt", half=True)
+    state = torch.load(half, weights_only=True)["model"]
+    query, doc = state["query_encoder.forward_rnn.bag.weight"], state["doc_encoder.forward_rnn.bag.weight"]
+    # the shared tower's tensors under both names stay one tensor (issue 61: twice the bytes otherwise)
+    assert query.dtype == torch.float16 and query.untyped_storage().data_ptr() == doc.untyped_storage().data_ptr()
+
+    def stored(tensors) -> int:  # the bytes a file holds: each storage once
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+    assert stored(state.values()) * 2 == stored(torch.load(full, weights_only=True)["model"].values())
+    model, _, _ = load_model(half)
+    reference, _, _ = load_model(full)
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=name)

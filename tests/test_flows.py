@@ -346,6 +346,7 @@ def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     tiny = load_config(None, ["data.batch_size=16", "epochs=1", "model.ncell=8"])
     first = train_model(layout, tiny, nproc=1, force=False)
     assert not first.skipped and first.counts["steps"] == 6 and Path(first.path).exists()
+    assert first.counts["device"] == "cpu"  # the flow's table says where each model trained
     again = train_model(layout, tiny, nproc=1, force=False)
     assert again.skipped and again.sha256 == first.sha256
     # a run made before a config key existed is still this config: the key's default keeps its behaviour
@@ -360,6 +361,7 @@ def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     # another config: trained afresh, here by 2 gloo processes under torchrun, which get the resolved config
     changed = train_model(layout, replace(smaller, epochs=2), nproc=2, force=False)
     assert not changed.skipped and changed.counts["nproc"] == 2 and changed.sha256 != first.sha256
+    assert changed.counts["device"] == "cpu"
     state = read_checkpoint(Path(changed.path))
     assert state["config"]["model"]["ncell"] == 4 and state["step"] == 12
 

@@ -197,7 +197,7 @@ def test_bilstm_backward_direction_reads_the_text_reversed(tokenizer):
 
 @pytest.mark.parametrize(
     "encoder,kw",
-    [("lstm", {}), ("lstm", {"forget_gate": True}), ("rnn", {}), ("gran", {}), ("bilstm", {"forget_gate": True})],
+    [("lstm", {}), ("lstm", {"forget_gate": True}), ("rnn", {}), ("gran", {}), ("bilstm", {}), ("bilstm_avg", {})],
 )
 def test_loop_script_and_native_give_the_same_vectors_and_gradients(tokenizer, encoder, kw):
     """native: torch's kernels (cuDNN on a GPU), the paper's cell (no forget gate) with the gate held open."""
@@ -409,6 +409,24 @@ def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles
     plain = click_loss(q, d, cfg)
     mixed = training_loss(q, d, cfg, None, torch.tensor([[0, 0], [1, 1]]), lists=lists, listed=listed)
     torch.testing.assert_close(mixed, 0.75 * plain + 0.25 * expected)
+
+
+def test_warm_up_and_linear_decay_set_the_step_size_of_every_update():
+    from modeling.config import OptimConfig, TrainConfig, rows_are_exact
+    from modeling.optim import step_size_factor
+
+    cfg = OptimConfig(warmup=0.1, decay="linear")
+    factors = [step_size_factor(s, 100, cfg) for s in range(1, 101)]
+    assert factors[:10] == pytest.approx([s / 10 for s in range(1, 11)])  # the first 10% rise to 1
+    assert factors[10] == 1.0 and factors[-1] == pytest.approx(1 / 90)  # then down to 1/90 at the last
+    assert factors[10:] == sorted(factors[10:], reverse=True)
+    assert {step_size_factor(s, 100, OptimConfig()) for s in range(1, 101)} == {1.0}  # the paper's fixed step
+    model = torch.nn.Linear(2, 2)
+    train = TrainConfig(optim=OptimConfig(name="adamw", adamw_lr=1e-3, warmup=0.5))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    set_schedule(optimizer, 1, 4, train)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert not rows_are_exact(TrainConfig(optim=OptimConfig(warmup=0.1)))  # rows assume a constant step
 
 
 def test_momentum_schedule_is_the_papers():

@@ -202,12 +202,13 @@ def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
     tokenizer = Tokenizer(Vocab.load(paraphrase_data / "vocab"), max_words=40)
     words = "one two three four five six seven eight nine".split()
     texts = tokenise([" ".join(words), " ".join(reversed(words))], tokenizer)
-    none = np.zeros(40, np.int64)
     files = train_files(paraphrase_data / "negatives")
-    rows = Rows(
-        np.array([0] + [40] * len(files)),  # every row in the first shard
-        *(np.zeros(40, np.int32), np.ones(40, np.int32), np.zeros((40, 0), np.int32)),  # query 0, title 1
-        *(np.ones(40, np.float32) for _ in range(3)),
+    sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    n, none = sum(sizes), np.zeros(sum(sizes), np.int64)
+    rows = Rows(  # as many rows as the shards hold, each the same pair: sentence 0 and sentence 1
+        np.concatenate([[0], np.cumsum(sizes)]),
+        *(np.zeros(n, np.int32), np.ones(n, np.int32), np.zeros((n, 0), np.int32)),
+        *(np.ones(n, np.float32) for _ in range(3)),
         Ragged.of(none, np.zeros(0, np.int32)),
         Ragged.of(none, np.zeros(0, np.float32)),
     )

@@ -163,6 +163,21 @@ def test_per_encoder_keys_reach_one_encoders_training_config_only():
     assert (minilm.epochs, minilm.data.batch_size, minilm.model.encoder) == (1, 64, "minilm")
 
 
+def test_per_encoder_keys_of_a_device_apply_when_the_model_trains_there():
+    entries = ["train.per_encoder.minilm=[epochs=1,data.batch_size=64]", "train.per_encoder.minilm@cuda=[epochs=3]"]
+    cfg = load_run_config(overrides=["train.models=[lstm,minilm]", *entries])
+    on_cpu, on_gpu = cfg.train.for_encoder("minilm"), cfg.train.for_encoder("minilm", "cuda")
+    assert (on_cpu.epochs, on_cpu.data.batch_size) == (1, 64)
+    assert (on_gpu.epochs, on_gpu.data.batch_size) == (3, 64)  # over minilm's own entry
+    assert cfg.train.for_encoder("lstm", "cuda").epochs == 5
+    with pytest.raises(DssmError, match="minilm@tpu"):
+        load_run_config(overrides=["train.per_encoder.minilm@tpu=[epochs=3]"])
+    with pytest.raises(DssmError, match="unknown encoder"):
+        load_run_config(overrides=["train.per_encoder.bert@cuda=[epochs=3]"])
+    search = load_run_config(ROOT / "configs" / "homedepot_search.yaml").train.for_encoder("minilm", "cuda")
+    assert (search.model.train_layers, search.data.negatives_per_row, search.optim.decay) == (6, 0, "linear")
+
+
 def test_the_train_section_is_the_recipe_and_each_run_adds_its_plumbing():
     from flows.config import TrainSection
     from modeling.config import TrainConfig, TrainSettings

@@ -128,16 +128,22 @@ TINY_BERT = ["model.pretrained=false", "model.max_tokens=16", "model.train_layer
 @pytest.mark.integration  # more than one process
 # avg: the row-wise table is its only parameter (no DDP); masked: the ranks gather each other's row keys
 @pytest.mark.parametrize(
-    "encoder,extra",
-    [("lstm", []), ("avg", []), ("lstm", ["loss.mask_in_batch=true"]), ("minilm", TINY_BERT)],
-    ids=["lstm", "avg", "masked", "minilm"],
+    "encoder,extra,nproc",
+    [
+        ("lstm", [], 2),
+        ("avg", [], 2),
+        ("lstm", ["loss.mask_in_batch=true"], 2),
+        ("minilm", TINY_BERT, 2),
+        ("lstm", [], 4),  # N ranks: each reads one of the 4 shards (docs/training.md, "N GPUs, on paper")
+    ],
+    ids=["lstm", "avg", "masked", "minilm", "lstm-4-ranks"],
 )
-def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder, extra):
+def test_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, encoder, extra, nproc):
     common = ["max_steps=8", f"model.encoder={encoder}", "optim.lr=0.1", *extra]
     # both from this process (torch and the rest imported once): the one-process reference trains here, `dssm train
     # --nproc 2` launches torchrun's two ranks as from a shell
     train(config(tiny_data, tmp_path / "one", *common, f"mlflow_uri=sqlite:///{tmp_path}/one.db"))
-    two = ["--nproc", "2", f"--workdir={tiny_data}", *TINY, *common, f"out={tmp_path / 'two'}"]
+    two = ["--nproc", str(nproc), f"--workdir={tiny_data}", *TINY, *common, f"out={tmp_path / 'two'}"]
     assert dssm_main(["train", *two, f"mlflow_uri=sqlite:///{tmp_path}/two.db"]) == 0
     a, b = read_checkpoint(tmp_path / "one"), read_checkpoint(tmp_path / "two")
     assert a["step"] == b["step"] == 8
@@ -149,7 +155,21 @@ def test_two_gloo_processes_train_the_same_model_as_one(tiny_data, tmp_path, enc
     runs = mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").search_runs(
         [mlflow.MlflowClient(f"sqlite:///{tmp_path}/two.db").get_experiment_by_name("dssm-train").experiment_id]
     )
-    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
+    assert len(runs) == 1 and runs[0].data.tags["world_size"] == str(nproc)
+
+
+def test_a_run_without_mlflow_logs_nowhere_and_says_what_it_did(tiny_data, tmp_path):
+    cfg = config(tiny_data, tmp_path / "run", "max_steps=12", "mlflow_uri=none")
+    summary = train(cfg)
+    assert summary["mlflow_run_id"] is None and summary["device"] == "cpu" and summary["steps"] == 12
+    assert summary["steady_examples_per_s"] > 0  # windows of 5 steps: from the first's end to the last's
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 12
+    assert not list(tmp_path.glob("*.db")) and not list(tiny_data.glob("*.db"))
+
+
+def test_torchscript_on_cuda_is_refused_before_training(tiny_data, tmp_path):
+    with pytest.raises(DssmError, match="CPU only"):
+        config(tiny_data, tmp_path / "run", "model.impl=script", "device=cuda")
 
 
 def test_launch_hands_the_ranks_the_resolved_config_in_a_file_it_removes(tiny_data, tmp_path, monkeypatch):

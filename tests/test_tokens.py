@@ -1,0 +1,130 @@
+"""The negatives tokenised once (modeling/tokens.py) and the batches gathered from them (modeling/data.py):
+the same tokens as the per-text tokenisers, one cache per vocabulary and tokenizer, never unpickled."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_tiny_dataset
+
+from core.artifacts import read_manifest
+from core.errors import DssmError
+from modeling.config import DataSettings
+from modeling.data import ClickBatches, train_files
+from modeling.hashing import Tokenizer, Vocab, perturbed
+from modeling.tokens import load_or_build, read, tokens_dir
+
+
+def tokenised(data, tokenizer, n: int = 4):
+    negatives = data / "negatives"
+    return load_or_build(negatives, read_manifest(negatives)["content_sha256"], tokenizer, n)
+
+
+def texts_of(batch) -> list[list[tuple[int, ...]]]:
+    """Each text of a TextBatch as its words' token ids, in order."""
+    ids, offsets = batch.ids.tolist(), batch.offsets.tolist() + [len(batch.ids)]
+    bags = [tuple(ids[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    words = iter(batch.words.tolist())
+    return [[bags[next(words)] for _ in range(n)] for n in batch.lengths.tolist()]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return write_tiny_dataset(tmp_path / "data")
+
+
+def test_a_batch_holds_each_texts_tokens_as_the_serving_tokenizer_gives_them(tiny):
+    import pyarrow.parquet as pq
+
+    tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
+    files = train_files(tiny / "negatives")
+    batches = ClickBatches(tokenised(tiny, tokenizer), files, 0, 1, DataSettings(16), 4, 1)
+    index = np.array([0, 5, 30, 95])  # rows of the shards in file order, as the cache numbers them
+    queries, docs, *_ = batches.batch(batches.tokenised.train, index, None, 4, False)
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    titles = iter(texts_of(docs))
+    for i, query in zip(index, texts_of(queries), strict=True):
+        assert query == [tuple(t) for t in tokenizer.trigrams(rows[i]["query"])]
+        for text in [rows[i]["positive"], *rows[i]["negatives"]]:
+            assert next(titles) == [tuple(t) for t in tokenizer.trigrams(text)]
+
+
+def test_word_pieces_are_the_tokenizers_padded_batch(tiny):
+    from modeling.transformer import WordPieceTokenizer, token_batch
+
+    tokenizer = WordPieceTokenizer(max_tokens=8)
+    cached = tokenised(tiny, tokenizer)
+    texts = ["cordless drill with 2 batteries and a charger for home use", "rug", ""]
+    from modeling.tokens import tokenise
+
+    table = tokenise(texts, tokenizer)
+    got, expected = token_batch(table, np.arange(3)), tokenizer.batch(texts)
+    assert torch.equal(got.ids, expected.ids) and torch.equal(got.mask, expected.mask)
+    assert cached.texts.pieces is not None and cached.texts.words is None
+
+
+def test_the_cache_is_written_once_per_vocabulary_and_reused(tiny):
+    vocab = Vocab.load(tiny / "vocab")
+    first = tokenised(tiny, Tokenizer(vocab, max_words=40))
+    written = first.path.stat().st_mtime_ns
+    again = tokenised(tiny, Tokenizer(vocab, max_words=40))
+    assert again.path == first.path and first.path.stat().st_mtime_ns >= written
+    np.testing.assert_array_equal(again.texts.words.values, first.texts.words.values)
+    shorter = tokenised(tiny, Tokenizer(vocab, max_words=2))  # another limit: another file
+    assert shorter.path != first.path and shorter.texts.words.lengths(np.arange(5)).max() <= 2
+    assert sorted(p.name for p in tokens_dir(tiny / "negatives").glob("*.npz")) == sorted(
+        [first.path.name, shorter.path.name]
+    )
+
+
+def test_a_damaged_or_planted_cache_is_rebuilt_and_never_unpickled(tiny, caplog):
+    tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
+    good = tokenised(tiny, tokenizer)
+    expected = good.texts.keys.copy()
+    good.path.write_bytes(b"not an npz")
+    assert np.array_equal(tokenised(tiny, tokenizer).texts.keys, expected)
+    # an object array in an .npz needs pickle to load: refused, then rebuilt
+    with open(good.path, "wb") as handle:
+        np.savez(handle, **{"texts.keys": np.array([object()], dtype=object)})
+    with pytest.raises(ValueError, match="pickle"):
+        read(good.path)
+    assert np.array_equal(tokenised(tiny, tokenizer).texts.keys, expected)
+    assert "unreadable token cache" in caplog.text
+
+
+def test_a_work_dir_where_the_cache_cannot_go_tokenises_for_the_run_alone(tiny, caplog):
+    folder = tokens_dir(tiny / "negatives")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.write_text("a file where the cache's folder would be")  # unwritable, even for root
+    result = tokenised(tiny, Tokenizer(Vocab.load(tiny / "vocab"), max_words=40))
+    assert result.path is None and len(result.train) == 96 and "cannot cache tokens" in caplog.text
+
+
+def test_perturbed_words_drop_never_a_whole_text_and_scramble_only_flagged_texts():
+    rng = np.random.default_rng(0)
+    lengths = np.array([1, 5, 3, 6])
+    occurrences = np.arange(lengths.sum())
+    kept_lengths, kept = perturbed(lengths, occurrences, rng, 0.9, None)
+    assert (kept_lengths >= 1).all() and kept_lengths[0] == 1 and len(kept) == kept_lengths.sum()
+    flags = np.array([False, True, False, True])
+    same_lengths, order = perturbed(lengths, occurrences, np.random.default_rng(1), 0.0, flags)
+    texts = np.split(order, np.cumsum(same_lengths)[:-1])
+    assert list(texts[0]) == [0] and list(texts[2]) == [6, 7, 8]  # unflagged: in order
+    assert sorted(texts[1]) == [1, 2, 3, 4, 5] and sorted(texts[3]) == list(range(9, 15))
+    assert list(texts[1]) != [1, 2, 3, 4, 5] or list(texts[3]) != list(range(9, 15))
+
+
+def test_negatives_per_row_scores_the_first_k_and_validation_all(tiny):
+    tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
+    cached, files = tokenised(tiny, tokenizer), train_files(tiny / "negatives")
+    for k, titles in ((0, 1), (2, 3), (-1, 5)):
+        batches = ClickBatches(cached, files, 0, 1, DataSettings(16, negatives_per_row=k), 4, 1)
+        queries, docs, *_ = next(batches.steps(0, 1))
+        assert len(docs) == titles * len(queries)
+        _, (v_queries, v_docs, *_) = next(batches.valid(8))
+        assert len(v_docs) == 5 * len(v_queries)  # every sampled negative, whatever k
+    with pytest.raises(DssmError, match="carry 4"):
+        ClickBatches(cached, files, 0, 1, DataSettings(16, negatives_per_row=5), 4, 1)
