@@ -141,10 +141,8 @@ def slim_checkpoint(checkpoint: Path, dest: Path, half: bool = False) -> Path:
                 halves[key] = value.half() if value.is_floating_point() else value
             model[name] = halves[key]
         keep["model"] = model
-    tmp = dest.with_name(f".{dest.name}.tmp")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(keep, tmp)
-    os.replace(tmp, dest)
+    torch.save(keep, dest)  # under its own name: torch names the archive's records after the file
     return dest
 
 
