@@ -195,15 +195,14 @@ def phase_profile(args: argparse.Namespace, report: dict) -> list[str]:
 def eval_sets(judgments: Path, negatives: Path):
     """(dev set, test set, catalogue titles) of the judged file, as `dssm evaluate` builds them."""
     from core.judgments import resolve_judged_set
-    from core.text import norm
     from evaluation.evaluate import dev_queries
+    from evaluation.retrieval import catalogue_titles
     from scoring.protocol import build_eval_set, load_eval_set
 
     judged = resolve_judged_set(judgments)
     pairs = judged.pairs()
     dev = build_eval_set(pairs, judged.name, judged.sha256, only=dev_queries(negatives), spec=judged.spec)
-    titles = list(dict.fromkeys(norm(p.title) for p in pairs))  # evaluation.retrieval.Catalogue.of_judged's
-    return dev, load_eval_set(judged), titles
+    return dev, load_eval_set(judged), catalogue_titles(pairs)
 
 
 def retrieval(checkpoint: Path, eval_set, titles: list[str], device: str) -> dict[str, float]:

@@ -37,6 +37,7 @@ def main() -> None:
     from modeling.config import load_config
     from modeling.data import plan, train_files
     from modeling.distributed import Dist, pick_device
+    from modeling.encoders import tokenizer_for
     from modeling.resume import Start
     from modeling.tokens import load_or_build
 
@@ -51,7 +52,8 @@ def main() -> None:
     files = train_files(inputs.negatives)
     total = args.warmup + args.steps
     n = int(inputs.negatives_manifest["params"]["n"])
-    tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], inputs.tokenizer, n)
+    tokenizer = tokenizer_for(cfg.model, inputs.vocab)
+    tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], tokenizer, n)
     plan(files, cfg.data.batch_size, 1)
     batches = T.ClickBatches(tokenised, files, 0, 1, cfg.data, n, cfg.seed, cfg.loss.pair_weight, cfg.loss.listwise > 0)
     run = T.setup(cfg, inputs, batches, total, Start("fresh"), device, d)

@@ -40,6 +40,11 @@ def fusion_grid(components: int) -> list[RetrievalFusion]:
     ]
 
 
+def catalogue_titles(pairs) -> list[str]:
+    """The titles every query ranks: a judged set's distinct titles, normalised, in first-seen order."""
+    return list(dict.fromkeys(norm(p.title) for p in pairs))
+
+
 class Catalogue:
     """The titles every query ranks (normalised, first-seen order), their BM25 index and, per model,
     their unit vectors (computed once per evaluation)."""
@@ -51,7 +56,7 @@ class Catalogue:
 
     @classmethod
     def of_judged(cls, pairs) -> Catalogue:
-        return cls(list(dict.fromkeys(norm(p.title) for p in pairs)))
+        return cls(catalogue_titles(pairs))
 
     def vectors(self, embed) -> np.ndarray:
         key = getattr(embed, "__self__", embed)  # the model behind a bound method: one entry per model

@@ -275,9 +275,9 @@ def validate(cfg: RunConfig) -> None:
     for encoder in dict.fromkeys([*cfg.train.encoders(), *(e for e, _, _ in entries)]):
         for device in DEVICES:  # a bad training setting fails before any stage runs, whatever the machine
             recipe = cfg.train.for_encoder(encoder, device)
-            validate_training(recipe)
-            if recipe.device != "cpu":
-                check_device(recipe, device)  # what it could not run on the GPU it might meet
+            validate_training(recipe)  # an explicit `device` checked there; auto may meet either
+            if recipe.device == "auto":
+                check_device(recipe, device)
     from evaluation.config import check_settings
 
     check_settings(cfg.evaluate)

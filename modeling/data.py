@@ -38,8 +38,9 @@ def train_files(negatives: Path) -> list[Path]:
     return files
 
 
-def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
-    """(rows per shard per step, steps per epoch), or a clear error when the shards don't fit."""
+def plan(files: list[Path], batch_size: int, world: int, rows: list[int] | None = None) -> tuple[int, int]:
+    """(rows per shard per step, steps per epoch), or a clear error when the shards don't fit; `rows`:
+    each file's rows where known (default: read from the files' footers)."""
     if len(files) % world:
         raise DssmError(
             f"{len(files)} train shards cannot be split evenly over {world} processes; "
@@ -48,14 +49,14 @@ def plan(files: list[Path], batch_size: int, world: int) -> tuple[int, int]:
     if batch_size % len(files):
         raise DssmError(f"data.batch_size={batch_size} must be a multiple of the {len(files)} train shards")
     per_shard = batch_size // len(files)
-    rows = {f: parquet_file(f).metadata.num_rows for f in files}
-    empty = [str(f) for f, n in rows.items() if n < per_shard]
+    counts = rows if rows is not None else [parquet_file(f).metadata.num_rows for f in files]
+    empty = [str(f) for f, n in zip(files, counts, strict=True) if n < per_shard]
     if empty:
         raise DssmError(
             f"train shard(s) with fewer than {per_shard} rows (one step's share): {', '.join(empty)}; "
             "use a smaller data.batch_size or fewer `dssm negatives --shards`"
         )
-    return per_shard, min(rows.values()) // per_shard
+    return per_shard, min(counts) // per_shard
 
 
 def shard_order(rows: int, block: int, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -109,10 +110,10 @@ class ClickBatches:
         pair_weight: str = "none",
         listwise: bool = False,
     ):
-        self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world)
-        sizes = np.diff(tokenised.train.shard_starts)
-        if len(sizes) != len(files) or int(sizes.min()) // self.per_shard != self.steps_per_epoch:
+        sizes = np.diff(tokenised.train.shard_starts).tolist()
+        if len(sizes) != len(files):
             raise DssmError(f"the tokenised negatives ({tokenised.path}) do not hold the rows of {files[0].parent}")
+        self.per_shard, self.steps_per_epoch = plan(files, cfg.batch_size, world, sizes)
         self.tokenised = tokenised
         self.shards = list(range(len(files)))[rank::world]
         self.cfg = cfg

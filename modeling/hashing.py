@@ -106,13 +106,19 @@ def text_batch(
     distinct = np.flatnonzero(seen)
     seen[distinct] = np.arange(len(distinct))
     sizes, ids = texts.bags.take(distinct)
-    offsets = np.zeros(len(distinct), np.int64)
+    return assembled(lengths, seen[occurrences], sizes, ids)
+
+
+def assembled(lengths: np.ndarray, words: np.ndarray, sizes: np.ndarray, ids: np.ndarray) -> TextBatch:
+    """A TextBatch of texts of `lengths` words, each word occurrence (`words`) an index among the
+    distinct words, whose token ids lie one word after another in `ids` (`sizes` each)."""
+    offsets = np.zeros(len(sizes), np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
-    lengths_t = torch.from_numpy(lengths.astype(np.int64))
+    lengths_t = torch.from_numpy(np.asarray(lengths, np.int64))
     return TextBatch(
         ids=torch.from_numpy(ids.astype(np.int64)),
         offsets=torch.from_numpy(offsets),
-        words=torch.from_numpy(seen[occurrences]),
+        words=torch.from_numpy(words.astype(np.int64)),
         lengths=lengths_t,
         host=lengths_t,
     )
@@ -252,41 +258,13 @@ class Tokenizer:
             self._trim()
         return out
 
-    def batch(
-        self,
-        texts: list[str],
-        rng: np.random.Generator | None = None,
-        word_dropout: float = 0.0,
-        scrambled: np.ndarray | None = None,
-    ) -> TextBatch:
-        """Tokenise `texts`; with `rng`, drop words and shuffle the word order of the texts flagged in
-        `scrambled` (Wieting & Gimpel 2017's regularisers; the caller flags whole pairs)."""
+    def batch(self, texts: list[str]) -> TextBatch:
+        """Tokenise `texts` (a served or evaluated model's; training gathers its batches from the
+        tokenised negatives, `text_batch`, with word dropout and scrambling there)."""
         with self._lock:
             parts = [self._text(t) for t in texts]
-            if rng is not None and (word_dropout > 0 or (scrambled is not None and scrambled.any())):
-                flags = np.zeros(len(parts), bool) if scrambled is None else scrambled
-                parts = [_perturb(p, rng, word_dropout, bool(f)) for p, f in zip(parts, flags, strict=True)]
             distinct, occurrences = np.unique(np.concatenate(parts), return_inverse=True)
             bags = [self._trigrams[w] for w in distinct]
             self._trim()
         sizes = np.fromiter((len(b) for b in bags), np.int64, len(bags))
-        offsets = np.zeros(len(bags), np.int64)
-        np.cumsum(sizes[:-1], out=offsets[1:])
-        return TextBatch(
-            ids=torch.from_numpy(np.concatenate(bags)),
-            offsets=torch.from_numpy(offsets),
-            words=torch.from_numpy(occurrences.astype(np.int64)),
-            lengths=torch.tensor([len(p) for p in parts], dtype=torch.int64),
-        )
-
-
-def _perturb(word_ids: np.ndarray, rng: np.random.Generator, word_dropout: float, scramble: bool) -> np.ndarray:
-    n = len(word_ids)
-    if word_dropout > 0 and n > 1:
-        keep = rng.random(n) >= word_dropout
-        if not keep.any():  # never drop a whole text
-            keep[rng.integers(n)] = True
-        word_ids = word_ids[keep]
-    if scramble and len(word_ids) > 1:
-        word_ids = rng.permutation(word_ids)
-    return word_ids
+        return assembled(np.array([len(p) for p in parts]), occurrences, sizes, np.concatenate(bags))

@@ -101,7 +101,8 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     n = int(inputs.negatives_manifest["params"]["n"])
     if cfg.data.negatives_per_row > n:  # before tokenising, which a large log takes a while for
         raise DssmError(f"data.negatives_per_row={cfg.data.negatives_per_row}, but {inputs.negatives} has {n} a row")
-    tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], inputs.tokenizer, n)
+    tokenizer = tokenizer_for(cfg.model, inputs.vocab)  # a finished run above reads no text
+    tokenised = load_or_build(inputs.negatives, inputs.negatives_manifest["content_sha256"], tokenizer, n)
     batches = ClickBatches(
         *(tokenised, files, d.rank, d.world, cfg.data, n, cfg.seed),
         pair_weight=cfg.loss.pair_weight,
@@ -391,7 +392,6 @@ class Inputs:
     negatives: Path
     negatives_manifest: dict[str, Any]
     vocab: Vocab
-    tokenizer: Any  # what the encoder reads texts with (modeling.encoders.tokenizer_for)
     code: str  # lineage of modeling/train.py's fingerprint with the negatives' and vocabulary's code
 
 
@@ -418,7 +418,7 @@ def load_inputs(cfg: TrainConfig) -> Inputs:
             f"{negatives} has none"
         )
     code = lineage(code_fingerprint("modeling.train"), [neg_manifest, vocab_manifest])
-    return Inputs(negatives, neg_manifest, vocab, tokenizer_for(cfg.model, vocab), code)
+    return Inputs(negatives, neg_manifest, vocab, code)
 
 
 def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, device, d: Dist):

@@ -111,22 +111,18 @@ class WordPieceTokenizer:
         flat = np.fromiter((i for e in encoded for i in e.ids), np.int32, int(lengths.sum()))
         return lengths, flat
 
-    def batch(self, texts: list[str], rng=None, word_dropout: float = 0.0, scrambled=None) -> TokenBatch:
-        with self._lock:
-            encoded = self.fast.encode_batch([t[:MAX_TEXT_CHARS] for t in texts])
-        width = max((len(e.ids) for e in encoded), default=1)
-        ids = np.zeros((len(encoded), width), np.int64)
-        for i, e in enumerate(encoded):
-            ids[i, : len(e.ids)] = e.ids
-        ids_t = torch.from_numpy(ids)
-        lengths = torch.tensor([len(e.ids) for e in encoded], dtype=torch.int64)
-        return TokenBatch(ids_t, torch.arange(width)[None, :] < lengths[:, None])
+    def batch(self, texts: list[str]) -> TokenBatch:
+        """Tokenise `texts` (a served or evaluated model's; training reads the tokenised negatives)."""
+        return padded(*self.pieces(texts))
 
 
 def token_batch(texts: Texts, tids: np.ndarray) -> TokenBatch:
-    """The TokenBatch of texts `tids` of a tokenised table (modeling/tokens.py): their pieces, padded to
-    the longest, by array operations alone."""
-    lengths, flat = texts.pieces.take(tids)
+    """The TokenBatch of texts `tids` of a tokenised table (modeling/tokens.py), by array operations alone."""
+    return padded(*texts.pieces.take(tids))
+
+
+def padded(lengths: np.ndarray, flat: np.ndarray) -> TokenBatch:
+    """Texts of `lengths` pieces each, `flat` one text after another, padded to the longest."""
     width = int(lengths.max()) if len(lengths) else 1
     ids = np.zeros((len(lengths), width), np.int64)
     row = np.repeat(np.arange(len(lengths)), lengths)
