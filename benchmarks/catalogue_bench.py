@@ -27,13 +27,13 @@ import numpy as np
 
 from core.judgments import JudgedSetSpec, resolve_judged_set
 from core.text import norm
-from retrieval.config import IndexConfig
-from retrieval.index import build_faiss
 from scoring.bm25 import CatalogueBM25
 from scoring.protocol import build_eval_set, paired_test, relevant_threshold
 from scoring.quality import DEPTH, catalogue_metrics
 from scoring.retriever import Retriever, unit_rows
 from scripts_common import HOME_DEPOT, ROOT
+from stages.index.config import IndexConfig
+from stages.index.job import build_faiss
 
 
 def peak_rss_mb() -> float:
@@ -89,10 +89,10 @@ def main() -> None:
     if not args.judgments.exists():
         sys.exit(f"{args.judgments} is absent: this benchmark needs ../shared/data")
 
-    from evaluation.evaluate import dev_queries
     from scoring.hybrid import fit_weights
     from scoring.lexical import BM25, Collection
     from scoring.neural import TwoTowerEmbedder
+    from stages.evaluate.job import dev_queries
 
     judged = resolve_judged_set(args.judgments, JudgedSetSpec(encoding=args.encoding))
     pairs = judged.pairs()

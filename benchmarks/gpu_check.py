@@ -195,9 +195,9 @@ def phase_profile(args: argparse.Namespace, report: dict) -> list[str]:
 def eval_sets(judgments: Path, negatives: Path):
     """(dev set, test set, catalogue titles) of the judged file, as `dssm evaluate` builds them."""
     from core.judgments import resolve_judged_set
-    from evaluation.evaluate import dev_queries
-    from evaluation.retrieval import catalogue_titles
+    from scoring.catalogue import catalogue_titles
     from scoring.protocol import build_eval_set, load_eval_set
+    from stages.evaluate.job import dev_queries
 
     judged = resolve_judged_set(judgments)
     pairs = judged.pairs()
@@ -207,7 +207,7 @@ def eval_sets(judgments: Path, negatives: Path):
 
 def retrieval(checkpoint: Path, eval_set, titles: list[str], device: str) -> dict[str, float]:
     """Full-catalogue retrieval metrics (×100) of a trained model alone: exact inner product of unit
-    vectors on the GPU, each query's top DEPTH titles (evaluation/retrieval.py's `dense`)."""
+    vectors on the GPU, each query's top DEPTH titles (scoring/catalogue.py's `dense`)."""
     import numpy as np
     import torch
 

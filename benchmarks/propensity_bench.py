@@ -37,13 +37,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     # imported once the arguments are read: --help answers without starting Spark's libraries
-    from core.judgments import JudgedSetSpec, resolve_judged_set
-    from jobs.clean.job import clean
-    from jobs.propensity.job import propensity, read_curve
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
-    from jobs.simulate.config import ClickModel, SimulationConfig
-    from jobs.simulate.job import simulate
-    from jobs.spark import get_spark
+    from core.judgments import DEFAULT_CATALOGUE, JudgedSetSpec, resolve_judged_set
+    from core.spark import get_spark
+    from stages.clean.job import clean
+    from stages.propensity.job import propensity, read_curve
+    from stages.simulate.config import ClickModel, SimulationConfig
+    from stages.simulate.job import simulate
 
     judged = resolve_judged_set(args.judgments, JudgedSetSpec(), DEFAULT_CATALOGUE)
     pairs = judged.pairs()

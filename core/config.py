@@ -99,7 +99,10 @@ def convert(value: Any, hint: Any, key: str) -> Any:
     raise DssmError(f"config {key}: unsupported type {hint}")
 
 
-MOVED = {"evaluate.gate_metric": "gate.metric"}  # keys of older configs -> where they live now
+# keys of older configs -> where they live now
+MOVED = {"evaluate.gate_metric": "gate.metric", "index_champion": "skip=[index] (--no-index)"}
+# switches of older configs that became a section of the same name -> what switches the stage off now
+SWITCH_TO_SECTION = {"analyze": "skip=[analyze] (--no-analyze); analyze is the analyze stage's settings section"}
 
 
 def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
@@ -115,6 +118,8 @@ def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
         current = changes.get(key, getattr(obj, key))
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
+                if f"{prefix}{key}" in SWITCH_TO_SECTION and isinstance(value, bool | str):
+                    raise DssmError(f"config: {prefix}{key}={value} is now {SWITCH_TO_SECTION[f'{prefix}{key}']}")
                 raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
             changes[key] = apply(current, value, f"{prefix}{key}.")
         else:

@@ -21,6 +21,9 @@ from typing import Any
 from core.artifacts import sha256_file
 from core.errors import DssmError
 
+# the embedded judged set: a run without judgments.path evaluates on it and simulates its logs from it
+DEFAULT_CATALOGUE = Path(__file__).resolve().parents[1] / "dssm" / "data" / "default_catalogue.csv"
+
 
 @dataclass(frozen=True)
 class JudgedSetSpec:
@@ -139,7 +142,7 @@ class JudgedSet:
     sha256: str
     name: str  # the MLflow experiment and `dataset` tag of the runs made from it
     embedded: bool = False  # the project's default catalogue
-    graded_from: str = "labels"  # "clicks": graded from the logs by the judge stage (jobs/judge/)
+    graded_from: str = "labels"  # "clicks": graded from the logs by the judge stage (stages/judge/)
 
     def pairs(self) -> list[JudgedPair]:
         """Its rows, parsed once per process (keyed by content hash: a changed file is read anew)."""
@@ -168,3 +171,37 @@ def resolve_judged_set(
         raise DssmError(f"judged set not found: {chosen}")
     name = dataset_name(chosen) if path else default_name
     return JudgedSet(str(chosen), spec, sha256_file(chosen), name, embedded=not path)
+
+
+# The judged set the judge stage grades from a run's clicks: every stage that evaluates reads it.
+JUDGED_FILE = "judged.csv"  # in the judge stage's output directory
+CLICK_SCALE = (1.0, 3.0)  # the grades' scale: never clicked .. clicked whenever examined (Home Depot's 1..3)
+CLICK_RELEVANT = 2.5  # the midpoint of the scale, as Home Depot's: what counts as relevant for MRR, MAP and recall
+CLICK_SPEC = JudgedSetSpec(encoding="utf-8")  # how judged.csv is written and read: Home Depot's column names, UTF-8
+
+
+def click_judged_set(output: str | Path, sha256: str, name: str) -> JudgedSet:
+    """The judged set a judge stage wrote to `output` (judged.csv's sha256; "" before it is written),
+    read as it was written: Home Depot's column names, UTF-8."""
+    return JudgedSet(str(Path(output) / JUDGED_FILE), CLICK_SPEC, sha256, name, graded_from="clicks")
+
+
+def judged_set(run_judged: JudgedSet, judge_output: str | Path | None) -> JudgedSet:
+    """What a stage evaluates on: the run's judged set, or the one the judge stage graded into
+    `judge_output` (named as the run's)."""
+    if judge_output is None:
+        return run_judged
+    from core.artifacts import read_manifest
+
+    hashes = read_manifest(Path(judge_output))["file_sha256"]  # judged.csv's own, as `dssm evaluate` of it hashes it
+    return click_judged_set(judge_output, hashes[JUDGED_FILE], run_judged.name)
+
+
+def clicks_dataset_name(logs: str) -> str:
+    """The name of the judged set graded from `logs` (a file, dir or glob): its MLflow experiment and
+    `dataset` tag, e.g. /data/search-logs/*.jsonl.gz -> search-logs-clicks."""
+    path = Path(logs)
+    while path.name and any(c in path.name for c in "*?["):
+        path = path.parent
+    stem = path.name.split(".")[0] if path.is_file() or "." in path.name else path.name
+    return f"{stem or 'logs'}-clicks"

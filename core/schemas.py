@@ -107,6 +107,8 @@ EMBEDDINGS = pa.schema(
     ]
 )
 
+CATALOGUE_FILE = "catalogue.parquet"  # a v2 simulated log's side table, beside its logs/ (simulate writes, clean reads)
+
 
 def embeddings_schema(partners: list[int]) -> pa.Schema:
     """EMBEDDINGS plus `embedding_I` for each dense partner of a hybrid (its position I among the components)."""

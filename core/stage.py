@@ -1,7 +1,7 @@
 """What a pipeline stage is handed and hands on: the run (`RunContext`) and its output (`StageOutput`).
 
 A stage is `run(ctx, [item,] **reads) -> StageOutput | None` in its package's `stage` module
-(jobs/clean/stage.py, evaluation/stage.py, ...): `ctx` is the run, `reads` the outputs of the stages
+(stages/clean/stage.py, stages/evaluate/stage.py, ...): `ctx` is the run, `reads` the outputs of the stages
 it reads, by name, as flows/pipeline.py's PIPELINE lists them. No Prefect here: the flow makes each
 one a task. Every stage caches by input hash in its own manifest (core/artifacts.py: `publish`), so
 calling one whose inputs have not changed is a no-op, and a stage that failed half-way left only a
@@ -16,16 +16,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.artifacts import altered, read_manifest
 from core.errors import StageFailed
 from core.judgments import JudgedSet
 from core.layout import Layout
 from core.stopping import stop_behind
-
-if TYPE_CHECKING:
-    from flows.config import RunConfig
 
 log = logging.getLogger("dssm.flow")
 
@@ -65,11 +62,21 @@ class StageOutput:
         return cls.of_manifest(stage, path, manifest | {"skipped": True})
 
 
+class RunSettings(Protocol):
+    """A run's settings as the stages see them: `force`, and a section per stage (`ctx.cfg.train`,
+    `ctx.cfg.gate`, ...) that the stage reads by its own name. The flow's RunConfig is one; core names
+    no flow."""
+
+    force: bool
+
+    def __getattr__(self, section: str) -> Any: ...
+
+
 @dataclass(frozen=True)
 class RunContext:
     """One flow run, resolved once: what every stage may look at besides the outputs it reads."""
 
-    cfg: RunConfig
+    cfg: RunSettings
     layout: Layout
     judged: JudgedSet
     mlflow_uri: str  # one store for every stage

@@ -7,9 +7,11 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.errors import DssmError
 from core.layout import Layout
 
 if TYPE_CHECKING:
@@ -174,3 +176,41 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, 
         tags = [InputTag("mlflow.data.context", context), InputTag("sha256", sha256)]
         inputs.append(DatasetInput(dataset, tags))
     client(tracking_uri).log_inputs(run_id, datasets=inputs)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registered model version (or a run's model) and where its files come from."""
+
+    uri: str
+    name: str
+    version: str
+    run_id: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.version}" if self.name else self.uri
+
+
+def resolve_model(uri: str, tracking_uri: str) -> ModelRef:
+    """models:/NAME@ALIAS or models:/NAME/VERSION as the version it names now; runs:/ URIs as they are."""
+    from mlflow.exceptions import MlflowException
+
+    from core.tracking import client as mlflow_client
+    from core.tracking import use_store
+
+    use_store(tracking_uri)
+    if not uri.startswith("models:/"):
+        return ModelRef(uri, "", "", uri.split("/")[1] if uri.startswith("runs:/") else "")
+    client = mlflow_client(tracking_uri)
+    rest = uri[len("models:/") :]
+    try:
+        if "@" in rest:
+            name, alias = rest.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        else:
+            name, version = rest.split("/", 1)
+            mv = client.get_model_version(name, version)
+    except (MlflowException, ValueError) as e:
+        raise DssmError(f"--model {uri}: no such registered model version in {tracking_uri} ({e})") from None
+    return ModelRef(f"models:/{mv.name}/{mv.version}", mv.name, str(mv.version), mv.run_id)

@@ -34,26 +34,26 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "simulate": Command(
-        "jobs.simulate.job",
+        "stages.simulate.job",
         "simulate raw click logs from a judged set",
         "Write raw impression logs (docs/raw-log-format.md) for the train queries of a judged set and its held-out "
         "test pairs as Parquet (PROTOCOL.md split).",
     ),
     "clean": Command(
-        "jobs.clean.job",
+        "stages.clean.job",
         "raw logs -> clicked pairs, title pool, impressions, rejects (Spark)",
         "Parse and validate raw logs (JSON lines, or a Parquet table of impression rows or result rows; "
         "docs/raw-log-format.md), quarantine malformed lines with a reason, drop duplicates, empty queries and "
         "bots, count clicks per (query, title), and keep each impression's shown titles, clicks and dwell.",
     ),
     "propensity": Command(
-        "jobs.propensity.job",
+        "stages.propensity.job",
         "estimate position bias (examination per rank) from the impressions (Spark + EM)",
         "Estimate the examination probability of each rank from a `dssm clean` output's impressions/, by EM under "
         "the position-based model, relative to rank 1; writes propensity.json and a plot. See docs/training.md.",
     ),
     "judge": Command(
-        "jobs.judge.job",
+        "stages.judge.job",
         "a judged set graded from the logs' clicks, for logs without human grades (Spark)",
         "Grade each query's shown titles in a `dssm clean` output's impressions/ by their clicks over expected "
         "examinations (a `dssm propensity` curve; debias=false: over impressions) on a 1..3 scale, and write "
@@ -62,7 +62,7 @@ COMMANDS: dict[str, Command] = {
         "data stage that training reads. See docs/evaluation.md#judged-sets-from-clicks.",
     ),
     "paraphrase": Command(
-        "jobs.paraphrase.job",
+        "stages.paraphrase.job",
         "sentence pairs (paraphrases) -> the layout of a clean output, for vocab/negatives (Spark)",
         "Read a file of sentence pairs (Wiki-Auto, SICK or STS-B train, any TSV of paraphrases), normalise both "
         "sentences, quarantine unusable lines with a reason and write them as clicked pairs (query = sentence 1, "
@@ -70,18 +70,18 @@ COMMANDS: dict[str, Command] = {
         "`dssm train --objective paraphrase`. See docs/paraphrase.md.",
     ),
     "vocab": Command(
-        "jobs.vocab.job",
+        "stages.vocab.job",
         "letter-trigram and word vocabularies (Spark)",
         "Build the letter-trigram vocabulary (word hashing) and a word vocabulary from a `dssm clean` output.",
     ),
     "negatives": Command(
-        "jobs.negatives.job",
+        "stages.negatives.job",
         "sample negative titles per clicked pair (Spark)",
         "For each clicked pair draw n negative titles from the title pool, never one clicked for the same query, "
         "and split queries into train and validation.",
     ),
     "mine": Command(
-        "jobs.mine.job",
+        "stages.mine.job",
         "hard negatives from an earlier model's index (or BM25) in place of some sampled ones",
         "Replace a share (--hard) of each train row's sampled negatives with titles an earlier model's `dssm index` "
         "output (or BM25 over the title pool) ranks between --min-rank and --max-rank for the row's query, never a "
@@ -89,7 +89,7 @@ COMMANDS: dict[str, Command] = {
         "`dssm negatives` output for `dssm train`. See docs/retrieval.md.",
     ),
     "teacher": Command(
-        "jobs.teacher.job",
+        "stages.teacher.job",
         "teacher lists of hard candidates per train query, to distil into the student (loss.listwise)",
         "For each train query take the top --depth titles of each source ranker (BM25, MiniLM, an earlier model's "
         "index) and the titles clicked for it, score the list with the teacher (a z-score fusion of bm25, minilm, "
@@ -104,21 +104,21 @@ COMMANDS: dict[str, Command] = {
         "the resolved config is saved with each checkpoint. See docs/training.md.",
     ),
     "evaluate": Command(
-        "evaluation.evaluate",
+        "stages.evaluate.job",
         "NDCG@1/3/10 of trained models and baselines on a judged set (PROTOCOL.md), logged to MLflow",
         "Score trained models and baselines on the test queries of a judged set (or --all-queries), write "
         "report.json, report.md, TREC run files and ndcg.png to --out and log every system as an MLflow run; "
         "`dssm register` and `dssm gate` take it from there. See docs/evaluation.md.",
     ),
     "register": Command(
-        "evaluation.register",
+        "stages.register.job",
         "log the models a `dssm evaluate` scored as MLflow models and register them as versions",
         "Log each trained model and hybrid of a `dssm evaluate` output as an MLflow pyfunc model into its "
         "evaluation run and register it as a version of dssm-DATASET; writes OUT/registered.json. A rerun "
         "registers nothing twice. See docs/evaluation.md#the-champion-gate.",
     ),
     "gate": Command(
-        "evaluation.gate",
+        "stages.gate.job",
         "move the `champion` alias to a registered version that beats the champion",
         "For each version of a `dssm register` output: compare its NDCG@10 (or retrieval NDCG@10) with the "
         "champion's on the same eval set (scoring the champion there when it was never measured) and move the "
@@ -126,7 +126,7 @@ COMMANDS: dict[str, Command] = {
         "See docs/evaluation.md#the-champion-gate.",
     ),
     "sts": Command(
-        "evaluation.sts",
+        "stages.sts.job",
         "Pearson's r of trained models (and MiniLM) on STS 2012-2016, STS-B and SICK, logged to MLflow",
         "Embed both sentences of every pair of the STS 2012-2016 test sets, STS-B test and SICK test with each "
         "--model (its query tower) and baseline, and report Pearson's r x 100 (and Spearman) of the cosine against "
@@ -134,20 +134,20 @@ COMMANDS: dict[str, Command] = {
         "sts.md; every system is an MLflow run in --experiment. See docs/paraphrase.md.",
     ),
     "index": Command(
-        "retrieval.index",
+        "stages.index.job",
         "embed a catalogue's titles with a registered model (Spark, mlflow spark_udf) and build an ANN index",
         "Embed every title of a catalogue (a `dssm clean` title pool, or Parquet/CSV with a `title` column) with "
         "an MLflow model through mlflow.pyfunc.spark_udf, build a faiss index of the vectors, and log the index "
         "as the model version's pyfunc `retriever` (registered as NAME-retriever). See docs/retrieval.md.",
     ),
     "search": Command(
-        "retrieval.search",
+        "stages.index.search",
         "the top k titles of the whole catalogue for a query, from an index",
         "Answer queries from a `dssm index` output (default: WORKDIR/index, the champion's after `dssm run`) or "
         "from MLflow (--model). See docs/retrieval.md.",
     ),
     "analyze": Command(
-        "analysis.report",
+        "stages.analyze.job",
         "what a trained LSTM-RNN reads: gates and cells per word, keywords, topics, RNN vs LSTM, cost curves",
         "Palangi et al. section V-A for one trained recurrent model: per chosen query/title pair the input gate, "
         "cell state, output gate and output word by word (Figs. 4-5), the most active cells (Fig. 6) and the "

@@ -21,17 +21,19 @@ from core.config import apply, field_values, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
-from evaluation.config import EvaluateSettings, GateConfig
-from jobs.clean.config import CleanConfig
-from jobs.judge.config import JudgeConfig
-from jobs.mine.config import MineConfig
-from jobs.negatives.config import NegativesConfig
-from jobs.propensity.config import PropensityConfig
-from jobs.simulate.config import SimulationConfig
-from jobs.teacher.config import TeacherConfig
-from jobs.vocab.config import VocabConfig
 from modeling.config import TrainSettings
-from retrieval.config import IndexConfig
+from stages.analyze.config import AnalyzeSettings
+from stages.clean.config import CleanConfig
+from stages.evaluate.config import EvaluateSettings
+from stages.gate.config import GateConfig
+from stages.index.config import IndexConfig
+from stages.judge.config import JudgeConfig
+from stages.mine.config import MineConfig
+from stages.negatives.config import NegativesConfig
+from stages.propensity.config import PropensityConfig
+from stages.simulate.config import SimulationConfig
+from stages.teacher.config import TeacherConfig
+from stages.vocab.config import VocabConfig
 
 DEVICES = ("cpu", "cuda")  # what a train.per_encoder entry ENCODER@DEVICE may name
 
@@ -104,10 +106,11 @@ class RunConfig:
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
     # the flow's gate compares full-catalogue retrieval NDCG@10 by default: what the index stage serves to dssm search
     gate: GateConfig = field(default_factory=lambda: GateConfig(metric="retrieval_ndcg@10"))
-    index_champion: bool = True  # after the gate, `dssm index` the champion over the catalogue (dssm search)
     catalogue: str = ""  # titles to index: Parquet/CSV with a `title` column; empty: the clean stage's title pool
     index: IndexConfig = field(default_factory=IndexConfig)
-    analyze: bool = True  # `dssm analyze` the trained recurrent model as the last stage
+    analyze: AnalyzeSettings = field(default_factory=AnalyzeSettings)
+    # optional stages not to run, by name: mine, teacher, index, analyze (`dssm run --help` marks them)
+    skip: list[str] = field(default_factory=list)
     mlflow_uri: str = ""  # default: $MLFLOW_TRACKING_URI, else sqlite WORKDIR/mlflow.db
     spark_master: str = ""  # default: $DSSM_SPARK_MASTER, else local[*]
     force: bool = False  # recompute every stage
@@ -121,7 +124,7 @@ class RunConfig:
             return []
         from datetime import datetime
 
-        from jobs.clean.window import window_dates  # imports Spark's: only for a windowed run
+        from core.dates import window_dates  # imports Spark's: only for a windowed run
 
         return window_dates(self.run_date or datetime.now(UTC).date().isoformat(), self.window_days)
 
@@ -199,7 +202,7 @@ _FLAGS: dict[str, str] = {
     "--master": "spark_master",
     "--catalogue": "catalogue",
 }
-_SWITCHES = {"--no-analyze": "analyze", "--no-index": "index_champion", "--force": "force"}
+_SKIPS = {"--no-index": "index", "--no-analyze": "analyze"}  # shorthands for naming a stage in `skip`
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,19 +235,20 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="training config keys without their train. prefix, e.g. --train optim.lr=0.05 epochs=10 (put other "
         "KEY=VALUEs before it)",
     )
-    helps = {"analyze": "skip the analyze stage", "index_champion": "skip the index stage (the champion's ANN index)"}
-    for flag, key in _SWITCHES.items():
-        action = "store_true" if key == "force" else "store_false"
-        text = helps.get(key) or run_keys[key][1]
-        g.add_argument(flag, dest=key, action=action, default=argparse.SUPPRESS, help=text)
+    for flag, stage in _SKIPS.items():
+        g.add_argument(flag, dest="skips", action="append_const", const=stage, help=f"skip the {stage} stage [skip]")
+    g.add_argument("--force", dest="force", action="store_true", default=argparse.SUPPRESS, help=run_keys["force"][1])
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run config of `dssm run`/`dssm schedule`: only the flags actually given take part."""
-    keys = set(_FLAGS.values()) | set(_SWITCHES.values())
+    keys = set(_FLAGS.values()) | {"force"}
     options = nest({key: getattr(args, key) for key in keys & set(vars(args))})
     overrides = [*args.overrides, *(f"train.{pair}" for pair in getattr(args, "train_overrides", []))]
-    return load_run_config(args.config, overrides, options)
+    cfg = load_run_config(args.config, overrides, options)
+    from dataclasses import replace
+
+    return replace(cfg, skip=list(dict.fromkeys([*cfg.skip, *(getattr(args, "skips", None) or [])])))
 
 
 def flat_keys(nested: dict[str, Any], prefix: str = "") -> list[str]:
@@ -278,9 +282,14 @@ def validate(cfg: RunConfig) -> None:
             validate_training(recipe)  # an explicit `device` checked there; auto may meet either
             if recipe.device == "auto":
                 check_device(recipe, device)
-    from evaluation.config import check_settings
+    from flows.pipeline import optional_stages
+    from stages.evaluate.config import check_settings
 
     check_settings(cfg.evaluate)
+    unknown = [s for s in cfg.skip if s not in optional_stages()]
+    if unknown:
+        optional = ", ".join(optional_stages())
+        raise DssmError(f"skip: {', '.join(unknown)} cannot be skipped; the optional stages: {optional}")
     for section in dataclasses.fields(cfg):  # a stage's config module may hold check_config(its section)
         value = getattr(cfg, section.name)
         check = getattr(sys.modules.get(type(value).__module__), "check_config", None)

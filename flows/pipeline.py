@@ -3,8 +3,11 @@
 PIPELINE is the single description of the flow: flows/retrain.py walks it (each entry a Prefect
 task), the progress bar counts it, `dssm run --help` lists it, report.json's stages follow its
 order, and tests/test_pipeline.py holds docs/architecture.md's stage table to it. A stage reads
-the outputs of stages before it by name, and with `Earlier(NAME)` what stage NAME left in the work
-dir from an earlier run (e.g. last night's index, before this run's index stage rebuilds it).
+the outputs of stages before it by name, with `FirstOf(ARG, STAGES)` the output of the first of
+STAGES that ran (train's rows: the teacher's, else mine's, else the negatives'), and with
+`Earlier(NAME)` what stage NAME left in the work dir from an earlier run (e.g. last night's index,
+before this run's index stage rebuilds it). A stage runs unless its `when` finds nothing to do, or it
+is `optional` and the run config's `skip` names it: the one way to switch a stage off.
 
 Adding a stage: its package's `stage` module with `run(ctx, **reads) -> StageOutput` (beside its
 config and job), one entry here, one field in the run config, one row in docs/architecture.md
@@ -18,6 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stage import RunContext, StageOutput
+
+
+@dataclass(frozen=True)
+class FirstOf:
+    """The output of the first of `stages` that ran in this run, passed as `arg`: e.g. train's rows, the
+    teacher's lists when the teacher ran, else the mined negatives, else the sampled ones."""
+
+    arg: str
+    stages: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -44,13 +56,15 @@ class Stage:
     code: str | Callable[..., StageOutput | None]
     doc: str  # one line: what it makes (dssm run --help)
     section: str = ""  # the run config section that configures it (shown in --help)
-    reads: tuple[str | Earlier, ...] = ()  # earlier stages' outputs, passed by name
-    when: Callable[[RunContext], bool] = _always
+    reads: tuple[str | FirstOf | Earlier, ...] = ()  # earlier stages' outputs, passed by name
+    when: Callable[[RunContext], bool] = _always  # whether its inputs and settings leave it anything to do
     unless: str = ""  # when it does not run (logged, and shown in --help)
+    optional: bool = False  # a run switches it off by naming it in `skip` (the flags --no-index, --no-analyze)
     warn_unless: bool = False  # not running is worth a warning (an input is missing), not a choice
     each: Callable[[RunContext], list[str]] | None = None  # one task per item (train: per encoder)
     retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
     trains_on: bool = False  # its output is what the models train on: the last such tags the run's data_version
+    judges: bool = False  # its output holds the run's judged set: hashed once written, it tags the run's dataset
 
     def run(self) -> Callable[..., StageOutput | None]:
         if callable(self.code):
@@ -61,7 +75,13 @@ class Stage:
         return getattr(importlib.import_module(module), function or "run")
 
     def arg_names(self) -> list[str]:
-        return [r.arg if isinstance(r, Earlier) else r for r in self.reads]
+        return [r if isinstance(r, str) else r.arg for r in self.reads]
+
+    def runs(self, ctx: RunContext) -> bool:
+        return self.name not in ctx.cfg.skip and self.when(ctx)
+
+    def why_not(self, ctx: RunContext) -> str:
+        return "skip lists it" if self.name in ctx.cfg.skip else self.unless
 
 
 def evaluates(ctx: RunContext) -> bool:
@@ -73,7 +93,7 @@ def evaluates(ctx: RunContext) -> bool:
 PIPELINE: tuple[Stage, ...] = (
     Stage(
         "simulate",
-        "jobs.simulate.stage",
+        "stages.simulate.stage",
         "click logs simulated from the judged set's train queries (windowed runs: the run date's partition)",
         section="simulate",
         when=lambda ctx: not ctx.cfg.logs,
@@ -81,7 +101,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "clean",
-        "jobs.clean.stage",
+        "stages.clean.stage",
         "raw logs parsed and validated: clicked pairs, title pool, impressions, rejects",
         section="clean",
         reads=("simulate",),
@@ -89,7 +109,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "propensity",
-        "jobs.propensity.stage",
+        "stages.propensity.stage",
         "the examination probability of each rank (position bias), by EM",
         section="propensity",
         reads=("clean",),
@@ -97,17 +117,18 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "judge",
-        "jobs.judge.stage",
+        "stages.judge.stage",
         "a judged set graded from the logs' clicks: held-out test queries to evaluate on, the rest to tune on",
         section="judge",
         reads=("clean", "propensity"),
         when=lambda ctx: ctx.cfg.judged_by_clicks(),
         unless="a judged set given (judgments.path), simulated logs, or clean.impressions=false",
         retried=True,
+        judges=True,
     ),
     Stage(
         "vocab",
-        "jobs.vocab.stage",
+        "stages.vocab.stage",
         "letter-trigram and word vocabularies",
         section="vocab",
         reads=("clean",),
@@ -115,7 +136,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "negatives",
-        "jobs.negatives.stage",
+        "stages.negatives.stage",
         "training rows: clicked pairs with sampled negatives, train/validation split by query",
         section="negatives",
         reads=("clean", "propensity"),
@@ -124,35 +145,37 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "mine",
-        "jobs.mine.stage",
+        "stages.mine.stage",
         "hard negatives from the last champion's index (BM25 on a first run) in place of some sampled ones",
         section="mine",
         reads=("negatives", "clean", Earlier("index")),
         when=lambda ctx: ctx.cfg.mine.hard > 0,
         unless="mine.hard=0",
+        optional=True,
         trains_on=True,
     ),
     Stage(
         "teacher",
-        "jobs.teacher.stage",
+        "stages.teacher.stage",
         "lists of hard candidates per train query scored by a teacher (BM25, MiniLM, the last index), to distil",
         section="teacher",
         reads=("negatives", "clean", "mine", Earlier("index")),
         when=lambda ctx: bool(ctx.cfg.teacher.scorers),
         unless="teacher.scorers empty",
+        optional=True,
         trains_on=True,
     ),
     Stage(
         "train",
-        "flows.train_stage",
+        "stages.train.stage",
         "one model per encoder of train.models (torchrun with train.nproc processes)",
         section="train",
-        reads=("negatives", "vocab", "mine", "teacher"),
+        reads=(FirstOf("rows", ("teacher", "mine", "negatives")), "vocab"),
         each=lambda ctx: ctx.cfg.train.encoders(),
     ),
     Stage(
         "evaluate",
-        "evaluation.stage",
+        "stages.evaluate.stage",
         "NDCG against the baselines on the test queries, a MLflow run per system",
         section="evaluate",
         reads=("train", "negatives", "judge"),
@@ -163,7 +186,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "register",
-        "evaluation.stage:register",
+        "stages.register.stage",
         "each evaluated model logged as an MLflow model and registered as a version of dssm-DATASET",
         reads=("evaluate",),
         when=evaluates,
@@ -172,7 +195,7 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "gate",
-        "evaluation.stage:gate",
+        "stages.gate.stage",
         "the champion alias moved to a registered version that beats the champion on the same eval set",
         section="gate",
         reads=("register",),
@@ -182,21 +205,24 @@ PIPELINE: tuple[Stage, ...] = (
     ),
     Stage(
         "index",
-        "retrieval.stage",
+        "stages.index.stage",
         "the champion's ANN index over the catalogue, for dssm search",
         section="index",
         reads=("clean", "gate"),
-        when=lambda ctx: evaluates(ctx) and ctx.cfg.index_champion,
-        unless="index_champion=false, or no evaluation",
+        when=evaluates,
+        unless="no evaluation",
+        optional=True,
         retried=True,
     ),
     Stage(
         "analyze",
-        "analysis.stage",
+        "stages.analyze.stage",
         "what the trained LSTM-RNN reads (Palangi et al. section V-A)",
+        section="analyze",
         reads=("train", "judge"),
-        when=lambda ctx: evaluates(ctx) and ctx.cfg.analyze,
-        unless="analyze=false, or no evaluation",
+        when=evaluates,
+        unless="no evaluation",
+        optional=True,
     ),
 )
 
@@ -216,12 +242,19 @@ def check(pipeline: tuple[Stage, ...]) -> None:
                 raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which has no one output directory")
             if isinstance(read, str) and read not in seen:
                 raise ValueError(f"stage {s.name} reads {read!r}, which does not run before it")
+            if isinstance(read, FirstOf) and not set(read.stages) <= set(seen):
+                raise ValueError(f"stage {s.name} reads one of {read.stages}, not all of which run before it")
         seen.append(s.name)
+
+
+def optional_stages(pipeline: tuple[Stage, ...] = PIPELINE) -> list[str]:
+    """The stages a run may name in `skip`."""
+    return [s.name for s in pipeline if s.optional]
 
 
 def planned(pipeline: tuple[Stage, ...], ctx: RunContext) -> int:
     """How many tasks a run of `pipeline` makes: the progress bar's total."""
-    return sum(len(s.each(ctx)) if s.each else 1 for s in pipeline if s.when(ctx))
+    return sum(len(s.each(ctx)) if s.each else 1 for s in pipeline if s.runs(ctx))
 
 
 def walk(
@@ -237,8 +270,8 @@ def walk(
 
     outputs: dict[str, Any] = {}
     for stage in pipeline:
-        if not stage.when(ctx):
-            (log.warning if stage.warn_unless else log.info)("%s: not run (%s)", stage.name, stage.unless)
+        if not stage.runs(ctx):
+            (log.warning if stage.warn_unless else log.info)("%s: not run (%s)", stage.name, stage.why_not(ctx))
             outputs[stage.name] = [] if stage.each else None
             continue
         reads = {name: _read(read, outputs, ctx) for name, read in zip(stage.arg_names(), stage.reads, strict=True)}
@@ -255,9 +288,11 @@ def walk(
     return outputs
 
 
-def _read(read: str | Earlier, outputs: dict[str, Any], ctx: RunContext) -> Any:
+def _read(read: str | FirstOf | Earlier, outputs: dict[str, Any], ctx: RunContext) -> Any:
     if isinstance(read, Earlier):
         return StageOutput.left_by_earlier_run(read.stage, ctx.layout.output(read.stage))
+    if isinstance(read, FirstOf):
+        return next((outputs[name] for name in read.stages if outputs[name] is not None), None)
     return outputs[read]
 
 
@@ -294,10 +329,16 @@ def describe(pipeline: tuple[Stage, ...] = PIPELINE) -> str:
     """The stage list of `dssm run --help`."""
     lines = ["stages, in order (each a Prefect task; finished ones with unchanged inputs are skipped):"]
     for s in pipeline:
-        reads = f" <- {', '.join(r.arg if isinstance(r, Earlier) else r for r in s.reads)}" if s.reads else ""
+        reads = f" <- {', '.join(_shown(r) for r in s.reads)}" if s.reads else ""
         settings = f" (settings: {s.section}.*)" if s.section else ""
-        lines.append(f"  {s.name:<11}{s.doc}{settings}{reads}" + (f" [not run: {s.unless}]" if s.unless else ""))
+        off = [s.unless] if s.unless else []
+        off += [f"skip=[{s.name}]"] if s.optional else []
+        lines.append(f"  {s.name:<11}{s.doc}{settings}{reads}" + (f" [not run: {'; '.join(off)}]" if off else ""))
     return "\n".join(lines)
+
+
+def _shown(read: str | FirstOf | Earlier) -> str:
+    return "|".join(read.stages) if isinstance(read, FirstOf) else read if isinstance(read, str) else read.arg
 
 
 check(PIPELINE)

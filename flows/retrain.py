@@ -35,7 +35,7 @@ from flows.config import RunConfig
 from flows.guardian import ephemeral_api_gone
 from flows.parent_run import close_parent, drop_if_empty, open_parent
 from flows.pipeline import PIPELINE, Stage, planned, walk
-from flows.train_stage import default_nproc
+from stages.train.stage import default_nproc
 
 
 @contextmanager
@@ -58,8 +58,7 @@ def exclusive(work: Path) -> Iterator[None]:
 
 def context(cfg: RunConfig) -> RunContext:
     """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks."""
-    from jobs.judge.config import click_judged_set, clicks_dataset_name
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE, click_judged_set, clicks_dataset_name
 
     layout = Layout(cfg.workdir)
     if cfg.judged_by_clicks():  # graded from the logs' clicks by the judge stage: hashed once written
@@ -86,9 +85,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
-    from evaluation.evaluate import read_report
     from flows.config import validate
     from scoring.serving import read_gate
+    from stages.evaluate.job import read_report
 
     validate(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
     logger = get_run_logger()
@@ -111,10 +110,11 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
             if stage.trains_on:  # what the models train on (the last of them that ran)
                 mlflow_client(ctx.mlflow_uri).set_tag(parent, "data_version", out.sha256)
-            if stage.name == "judge":  # the judged set graded from clicks, hashed now that it is written
-                from jobs.judge.config import judged_set
+            if stage.judges:  # the judged set graded from clicks, hashed now that it is written
+                from core.judgments import judged_set
 
-                mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", judged_set(ctx.judged, out).sha256)
+                sha256 = judged_set(ctx.judged, out.path).sha256
+                mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", sha256)
 
         with last_words:  # through the except path too: the watchdog may fire while it unwinds
             try:
@@ -179,7 +179,7 @@ def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
 def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
     """The position-bias curve the logs showed (examination per rank, relative to rank 1) as
     metrics `examination_rank_K` and the curve's JSON and plot, in every training run of this flow run."""
-    from jobs.propensity.job import CURVE_FILE, PLOT_FILE, read_curve
+    from stages.propensity.job import CURVE_FILE, PLOT_FILE, read_curve
 
     client = mlflow_client(mlflow_uri)
     curve = read_curve(Path(propensity_dir))
@@ -196,7 +196,7 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
     training included: MLflow keeps one input per dataset digest, so a run killed before this point
     is completed by its rerun."""
     from core.tracking import log_datasets
-    from jobs.clean.window import window_inputs
+    from stages.clean.window import window_inputs
 
     client = mlflow_client(mlflow_uri)
     days = window_inputs(Path(clean_dir))

@@ -26,25 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from modeling.encoder import Encoder
 from modeling.hashing import TextBatch, Tokenizer, Vocab
 from modeling.recurrence import batch_sizes_of, last_states, lstm_loop, padded, rnn_loop, scripted
 from modeling.tables import HashingTable
 
 if TYPE_CHECKING:  # annotations only: modeling.config checks model.encoder against ENCODERS
-    from modeling.config import ModelConfig
+    from modeling.model_config import ModelConfig
     from modeling.transformer import WordPieceTokenizer
-
-
-class Encoder(nn.Module):
-    """What every encoder is: `dim` (the size of its text vectors), `forward(batch, internals=False)`
-    (vectors, or (vectors, per-step internals) when asked), and its token embedding tables."""
-
-    dim: int
-
-    def token_tables(self) -> list[HashingTable]:
-        """The tables indexed by token id: warm-started row by row, pulled toward step 0 by λ_w,
-        updated row-wise in training (modeling/tables.py)."""
-        return [m for m in self.modules() if isinstance(m, HashingTable)]
 
 
 def hashed_words(bag: HashingTable, batch: TextBatch) -> Tensor:

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from modeling.config import LossConfig, ModelConfig
 from modeling.data import ListTargets
-from modeling.encoders import Encoder, build_encoder
+from modeling.encoder import Encoder
+from modeling.encoders import build_encoder
 from modeling.hashing import TextBatch
 
 

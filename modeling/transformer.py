@@ -31,10 +31,10 @@ from torch import Tensor
 
 from core.errors import DssmError
 from core.text import MAX_TEXT_CHARS
-from modeling.encoders import Encoder
+from modeling.encoder import Encoder
 
 if TYPE_CHECKING:
-    from modeling.config import ModelConfig
+    from modeling.model_config import ModelConfig
     from modeling.tokens import Texts
 
 CACHE_TEXTS = 400_000  # frozen-layer outputs kept (a Home Depot run's distinct texts: ~70k)

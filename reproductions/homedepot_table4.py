@@ -43,7 +43,7 @@ from scripts_common import HOME_DEPOT, TABLE4, dssm, paired_cell, per_query_ndcg
 
 ENCODERS = ("lstm", "rnn", "dssm")  # one chosen config each: TABLE4/ENCODER.yaml
 BASELINES = "bm25,doc2vec,ulm,plsa,minilm"
-FUSIONS = ("MODEL+bm25", "MODEL+bm25+minilm", "minilm+bm25")  # the hybrids evaluated (evaluation/evaluate.py)
+FUSIONS = ("MODEL+bm25", "MODEL+bm25+minilm", "minilm+bm25")  # the hybrids evaluated (stages/evaluate/job.py)
 UNTRAINED = "minilm+bm25"  # what a team gets without training anything: the reference of the retrieval table
 
 

@@ -5,7 +5,7 @@ bundled all-MiniLM-L6-v2 (`minilm`) and other trained models. Re-ranking judged 
 s_0 + Σ w_i·s_i (scoring/hybrid.py): one score per pair, the weights fit for re-ranking.
 Retrieving from a catalogue is a different task, and PROTOCOL.md §8's reference shows it: a plain
 z-score fusion beats that re-scoring by 4.6 NDCG@10 points. So a hybrid also carries a
-`RetrievalFusion`, chosen on the dev queries over the same catalogue (evaluation/retrieval.py): the
+`RetrievalFusion`, chosen on the dev queries over the same catalogue (scoring/catalogue.py): the
 union of every component's top `depth` titles (BM25's with a matching word), each candidate with
 every component's score, fused by
 - `zscore`: Σ w_i·z(s_i), each score standardised over the query's candidates;

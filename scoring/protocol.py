@@ -200,3 +200,8 @@ def confidence_halfwidth(values: np.ndarray) -> float:
     if len(values) < 2:
         return 0.0
     return 100.0 * float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+
+
+def metric_key(metric: str) -> str:
+    """An MLflow metric name for a report's metric (MLflow allows no '@'): ndcg@10 -> ndcg_at_10."""
+    return metric.replace("@", "_at_")

@@ -1,6 +1,6 @@
 """Answer a query from the whole catalogue: the query tower's vector against a `dssm index` output.
 
-An index directory is self-contained (retrieval/index.py writes it): `titles.faiss` (unit title
+An index directory is self-contained (stages/index/job.py writes it): `titles.faiss` (unit title
 vectors, inner product = cosine), `embeddings/` (the titles in index order), and `model/` (the slim
 checkpoint, plus `fusion.json` when the indexed model is a hybrid, with `bm25/`: a bm25s index of the
 same titles, and for each dense partner, MiniLM or another trained model, `component-I.faiss`: its

@@ -39,7 +39,6 @@ import numpy as np
 from scipy import stats
 
 from core.layout import Layout
-from jobs.simulate.config import PROMOTED_BRANDS
 from scoring.protocol import CUTOFFS
 from scripts_common import (
     HOME_DEPOT,
@@ -51,6 +50,7 @@ from scripts_common import (
     seed_mean,
     training_keys,
 )
+from stages.simulate.config import PROMOTED_BRANDS
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -207,7 +207,7 @@ def table(report: Path, split: str, args: argparse.Namespace, runs: dict[str, li
 
 
 def system_names(runs: dict[str, list[Path]]) -> dict[str, list[str]]:
-    """The names `dssm evaluate` gives the models (evaluation.systems.unique_names): a lone model of an
+    """The names `dssm evaluate` gives the models (scoring.systems.unique_names): a lone model of an
     encoder is named after the encoder, several after their run directories."""
     from collections import Counter
 

@@ -37,9 +37,9 @@ import pyarrow.parquet as pq
 from core.artifacts import read_manifest, require_manifest, write_manifest
 from core.judgments import JudgedPair, read_judgments
 from core.text import norm
-from jobs.simulate.config import ClickModel
-from jobs.simulate.job import attractiveness
 from scripts_common import HOME_DEPOT
+from stages.simulate.config import ClickModel
+from stages.simulate.job import attractiveness
 
 
 def mean_labels(pairs: Iterable[JudgedPair]) -> dict[tuple[str, str], float]:

@@ -68,13 +68,13 @@ def train(workdir: Path, variant: str, seeds: list[int]) -> None:
 
 def score(workdir: Path, judgments: Path, variants: list[str], seeds: list[int], test: bool) -> dict:
     from core.judgments import JudgedSetSpec, resolve_judged_set
-    from evaluation.evaluate import dev_queries
-    from evaluation.retrieval import Catalogue, dense
-    from evaluation.retrieval import fused as fused_ids
+    from scoring.catalogue import Catalogue, dense
+    from scoring.catalogue import fused as fused_ids
     from scoring.fusion import RetrievalFusion
     from scoring.neural import TwoTowerEmbedder
     from scoring.protocol import CUTOFFS, build_eval_set, evaluate_scores, relevant_threshold
     from scoring.quality import catalogue_metrics
+    from stages.evaluate.job import dev_queries
 
     judged = resolve_judged_set(judgments, JudgedSetSpec(encoding="latin-1"))
     pairs = judged.pairs()

@@ -108,7 +108,7 @@ _keep_mlflow_tracking_env_per_module = pytest.fixture(autouse=True, scope="modul
 
 @pytest.fixture(scope="session")
 def spark():
-    from jobs.spark import get_spark
+    from core.spark import get_spark
 
     session = get_spark("local[2]", "dssm-tests", {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "2g"})
     yield session
@@ -124,8 +124,7 @@ def home_depot() -> Path:
 
 @pytest.fixture(scope="session")
 def default_pairs():
-    from core.judgments import read_judgments
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
 
     return read_judgments(DEFAULT_CATALOGUE)
 
@@ -156,12 +155,12 @@ def built_once_per_run(tmp_path_factory, name: str) -> Iterator[tuple[Path, bool
 def pipeline(default_pairs, tmp_path_factory, request) -> dict[str, Path]:
     """simulate -> clean -> vocab -> negatives on 20k impressions of the embedded catalogue, built once
     per test run (~45 s on one core): the workers of `make test` read the same folders."""
-    from jobs.clean.job import clean
-    from jobs.negatives.config import NegativesConfig
-    from jobs.negatives.job import negatives
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
-    from jobs.vocab.job import vocab
+    from stages.clean.job import clean
+    from stages.negatives.config import NegativesConfig
+    from stages.negatives.job import negatives
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
+    from stages.vocab.job import vocab
 
     with built_once_per_run(tmp_path_factory, "pipeline") as (work, build):
         if build:

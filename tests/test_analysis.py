@@ -11,8 +11,12 @@ import pytest
 import torch
 from conftest import tiny_model, write_judged
 
-from analysis.config import KeywordRule
-from analysis.lstm import (
+from dssm.cli import main as dssm_main
+from modeling.config import ModelConfig
+from modeling.hashing import Tokenizer, Vocab
+from modeling.model import TwoTower
+from stages.analyze.config import KeywordRule
+from stages.analyze.lstm import (
     Trace,
     keyword_counts,
     keywords,
@@ -22,11 +26,7 @@ from analysis.lstm import (
     trace_text,
     trace_texts,
 )
-from analysis.topics import input_gate_by_word, keyword_rate, most_active_cells, topic_table
-from dssm.cli import main as dssm_main
-from modeling.config import ModelConfig
-from modeling.hashing import Tokenizer, Vocab
-from modeling.model import TwoTower
+from stages.analyze.topics import input_gate_by_word, keyword_rate, most_active_cells, topic_table
 
 
 def test_top_cells_and_keyword_counts_on_set_values():

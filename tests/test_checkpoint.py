@@ -55,13 +55,13 @@ def refused(call, path: Path, marker: Path) -> None:
 
 
 def test_a_checkpoint_whose_pickle_runs_code_is_refused_at_every_loader(evil, tiny_data, tmp_path):
-    from analysis.report import load as analyze_load
     from dssm.cli import main
-    from evaluation.systems import load_trained
     from modeling.checkpoint import load_model, newest_checkpoint
     from modeling.config import load_config
     from modeling.train import resolve_paths, train
     from scoring.neural import TwoTowerEmbedder
+    from scoring.systems import load_trained
+    from stages.analyze.job import load as analyze_load
 
     path, marker = evil
     refused(lambda: read_checkpoint(path), path, marker)
@@ -150,8 +150,8 @@ def test_a_champion_that_is_no_readable_checkpoint_means_training_from_scratch(t
     """The issue's night: a champion whose model.pt is `torch.save(5)` stopped every windowed run
     with "TypeError: 'int' object is not subscriptable"; a planted pickle ran its code."""
     from core.layout import Layout
-    from flows.warm_start import warm_start_source
     from modeling.config import load_config
+    from stages.train.warm_start import warm_start_source
 
     uri, name = f"sqlite:///{tmp_path}/mlflow.db", "dssm-tiny"
     layout = Layout(tmp_path / "work")
@@ -187,8 +187,8 @@ def test_the_first_windowed_night_warm_starts_from_a_champion_already_there(tiny
     """A store whose champion came from a run without a window: the first windowed night has no
     warm-start directory yet, and starts from that champion."""
     from core.layout import Layout
-    from flows.warm_start import warm_start_source
     from modeling.config import load_config
+    from stages.train.warm_start import warm_start_source
 
     model = tiny_model(tiny_data, tmp_path / "model")
     (tmp_path / "registered").mkdir()

@@ -9,8 +9,8 @@ import pytest
 
 from core.artifacts import content_sha256, read_manifest
 from core.errors import DssmError
-from jobs.clean.config import CleanConfig
-from jobs.clean.job import clean
+from stages.clean.config import CleanConfig
+from stages.clean.job import clean
 
 
 def test_counts_reconcile_and_every_reject_has_a_reason(pipeline):
@@ -44,7 +44,7 @@ def test_pairs_are_normalised_and_counted(pipeline):
 
 
 def test_rerun_is_a_no_op_and_force_rewrites_identical_bytes(spark, pipeline, tmp_path):
-    from jobs.spark import LazySpark
+    from core.spark import LazySpark
 
     out = tmp_path / "clean"  # a copy: the session's pipeline is read by other tests meanwhile (make test's workers)
     shutil.copytree(pipeline["clean"], out)
@@ -194,10 +194,9 @@ def test_a_truncated_bz2_or_a_damaged_parquet_file_is_named_in_the_error(spark, 
 
 
 def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_are_quarantined(spark, tmp_path):
-    from core.judgments import read_judgments
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
 
     pairs = read_judgments(DEFAULT_CATALOGUE)
     outputs = {}
@@ -247,8 +246,8 @@ def test_v2_logs_with_a_catalogue_clean_to_the_same_rows_as_v1_and_unknown_docs_
 @pytest.fixture(scope="module")
 def v2_log(default_pairs, tmp_path_factory):
     """A small v2 log and its catalogue side table."""
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
 
     sim = tmp_path_factory.mktemp("v2") / "sim"
     cfg = SimulationConfig(impressions=2_000, shards=1, workers=1, log_format=2)
@@ -352,7 +351,7 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
     from core.layout import Layout
     from core.stage import RunContext
     from flows.config import load_run_config
-    from jobs.clean.stage import run as clean_stage
+    from stages.clean.stage import run as clean_stage
 
     lines = gzip.open(next((v2_log / "logs").glob("part-*")), "rb").read().splitlines()
     first = json.loads(lines[0])
@@ -428,7 +427,7 @@ def _everything(path: Path) -> dict:
 
 
 def test_file_tasks_read_what_sparks_readers_read(spark, tmp_path, v2_log):
-    """Local files are parsed by one Python task per file (jobs/clean/filetasks.py), not through the JVM:
+    """Local files are parsed by one Python task per file (stages/clean/filetasks.py), not through the JVM:
     the same rows, rejects (their source and raw line included) and counts as Spark's readers give,
     for JSON lines split by \\n, \\r\\n and \\r, a byte-order mark, blank and malformed lines, gzip and
     bz2, and a Parquet table whose files differ in their columns."""
@@ -491,7 +490,7 @@ def test_small_files_share_parse_tasks_and_clean_to_the_rows_of_one_file(spark, 
     """Issue 51: a thousand small files were a thousand tasks and impressions/ files (853 s). Now a run of
     them shares a task: 300 ten-line files clean to the rows of the same lines in one file, into one
     impressions/ file."""
-    from jobs.clean.filetasks import file_groups
+    from stages.clean.filetasks import file_groups
 
     assert file_groups([10] * 300, task_bytes=750) == [list(range(i, i + 75)) for i in range(0, 300, 75)]
     assert file_groups([100, 5, 5, 100], task_bytes=50) == [[0], [1, 2], [3]]  # a large file alone

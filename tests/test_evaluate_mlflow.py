@@ -17,10 +17,10 @@ from conftest import evaluate_register_gate, free_port, http_service, tiny_model
 
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
-from evaluation.gate import champion_gate
 from infra.stack import MLFLOW_SERVER_ENV
 from modeling.checkpoint import read_checkpoint
 from scoring.neural import TwoTowerEmbedder
+from stages.gate.job import champion_gate
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +168,8 @@ def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
 @pytest.mark.integration  # more than one process
 def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_process(tiny_data, tmp_path):
     from core.judgments import resolve_judged_set
-    from evaluation.evaluate import dev_queries
     from scoring.lexical import BM25, Collection
+    from stages.evaluate.job import dev_queries
 
     model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=3")
     judged = write_judged(tmp_path / "judged.csv")

@@ -10,7 +10,6 @@ import pytest
 from core.errors import DssmError
 from core.judgments import JudgedPair
 from core.text import is_test_query
-from evaluation.report import markdown, summarise, write_trec
 from scoring.lexical import BM25, PLSA, Collection, UnigramLM
 from scoring.protocol import (
     build_eval_set,
@@ -20,6 +19,7 @@ from scoring.protocol import (
     pairs_in_order,
     reciprocal_rank_and_ap,
 )
+from stages.evaluate.report import markdown, summarise, write_trec
 
 
 def test_ndcg_by_hand_with_stable_ties():
@@ -145,7 +145,7 @@ def test_paired_test_identical_is_one():
 def test_two_models_of_one_encoder_get_distinct_names():
     from pathlib import Path
 
-    from evaluation.systems import System, unique_names
+    from scoring.systems import System, unique_names
 
     def trained(run: str, sha: str) -> System:
         return System("lstm", "trained", None, tags={"checkpoint_sha256": sha}, checkpoint=Path(run) / "last.pt")
@@ -222,8 +222,8 @@ def test_a_hybrid_of_several_scorers_weighs_each_on_the_dev_split_and_the_grid_k
 
 def test_fusion_specs_expand_model_once_per_trained_model_and_refuse_what_cannot_fuse():
     from core.errors import DssmError
-    from evaluation.config import check_fusions
-    from evaluation.evaluate import fusion_names
+    from stages.evaluate.config import check_fusions
+    from stages.evaluate.job import fusion_names
 
     assert fusion_names("MODEL+bm25+minilm", "lstm") == ["lstm", "bm25", "minilm"]
     assert fusion_names("MODEL+bm25", None) is None  # a MODEL spec needs a model

@@ -58,9 +58,9 @@ def store(tmp_path, monkeypatch):
 
 
 def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_data, tmp_path, store):
-    from evaluation.systems import load_trained
-    from retrieval.index import index
-    from retrieval.search import load
+    from scoring.systems import load_trained
+    from stages.index.job import index
+    from stages.index.search import load
 
     model = tiny_model(tiny_data, tmp_path / "model")
     marker = tmp_path / "marker"
@@ -102,8 +102,8 @@ def test_a_planted_pickle_never_runs_in_evaluate_index_or_search(spark, tiny_dat
 
 
 def test_a_champion_that_is_no_dssm_model_is_replaced_by_the_gate_with_a_warning(tmp_path, store, caplog):
-    from evaluation.gate import champion_gate
-    from evaluation.systems import load_trained
+    from scoring.systems import load_trained
+    from stages.gate.job import champion_gate
 
     marker = tmp_path / "marker"
     (tmp_path / "notes.txt").write_text("not a model")

@@ -191,7 +191,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     import core.artifacts
 
     real = core.artifacts.module_sha256
-    monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "jobs.negatives.job" else real(m))
+    monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "stages.negatives.job" else real(m))
     assert main(args) == 0
     skipped = skipped_stages()
     now = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version
@@ -336,9 +336,9 @@ def test_train_model_skips_a_finished_run_retrains_a_changed_one_and_launches_to
     import torch
 
     from core.layout import Layout
-    from flows.train_stage import train_model
     from modeling.checkpoint import read_checkpoint
     from modeling.config import load_config
+    from stages.train.stage import train_model
 
     work = tmp_path / "w"
     shutil.copytree(tiny_data, work)
@@ -374,7 +374,7 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     lost day cache is rebuilt alone."""
     import mlflow
 
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE
     from modeling.checkpoint import read_checkpoint
 
     work, root = tmp_path / "w", tmp_path / "logs"

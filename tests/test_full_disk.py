@@ -15,7 +15,7 @@ import pytest
 
 from core.artifacts import publish
 from core.errors import DssmError
-from jobs.spark import cluster_errors
+from core.spark import cluster_errors
 
 # Opened without O_CREAT or O_TRUNC: where /dev/full is missing, nothing creates a file in its place.
 needs_dev_full = pytest.mark.skipif(
@@ -78,8 +78,8 @@ def _can_mount_tmpfs(where: Path) -> bool:
 def test_simulate_and_clean_on_a_full_file_system_name_the_output(default_pairs, tmp_path):
     """`dssm simulate` used to say only "OSError: [Errno 28] No space left on device", and `dssm
     clean` a PythonException or py4j line without the cause or the path."""
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
 
     full = tmp_path / "full"
     full.mkdir()

@@ -15,7 +15,7 @@ import pytest
 
 from core.errors import DssmError
 from core.text import is_test_query, norm
-from jobs.simulate.config import SimulationConfig
+from stages.simulate.config import SimulationConfig
 
 SOURCE = {"path": "default", "sha256": "default"}
 
@@ -23,9 +23,9 @@ SOURCE = {"path": "default", "sha256": "default"}
 @pytest.fixture(scope="module")
 def team_log(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
     """A log with the test queries' traffic in it, as a team's own log has, cleaned."""
-    from jobs.clean.job import clean
-    from jobs.propensity.job import propensity
-    from jobs.simulate.job import simulate
+    from stages.clean.job import clean
+    from stages.propensity.job import propensity
+    from stages.simulate.job import simulate
 
     work = tmp_path_factory.mktemp("team-log")
     cfg = SimulationConfig(impressions=20_000, shards=2, workers=1, test_traffic=True)
@@ -38,7 +38,7 @@ def team_log(spark, default_pairs, tmp_path_factory) -> dict[str, Path]:
 def test_the_spark_split_is_the_protocols(spark):
     from pyspark.sql import functions as F
 
-    from jobs.spark.heldout import test_query_column
+    from core.spark.heldout import test_query_column
 
     rng = random.Random(0)
     words = ["drill", "ñandú", "2x4", "café", "日本", "a", "", "cordless", "x" * 60]
@@ -50,12 +50,12 @@ def test_the_spark_split_is_the_protocols(spark):
 
 
 def test_clicks_grade_the_logs_queries_and_their_test_queries_never_reach_training(spark, team_log, tmp_path):
-    from jobs.judge.config import JudgeConfig
-    from jobs.judge.job import judge
-    from jobs.negatives.config import NegativesConfig
-    from jobs.negatives.job import negatives
-    from jobs.vocab.config import VocabConfig
-    from jobs.vocab.job import vocab
+    from stages.judge.config import JudgeConfig
+    from stages.judge.job import judge
+    from stages.negatives.config import NegativesConfig
+    from stages.negatives.job import negatives
+    from stages.vocab.config import VocabConfig
+    from stages.vocab.job import vocab
 
     clean_dir = team_log["clean"]
     shown = {r["query"] for r in pq.read_table(clean_dir / "impressions", columns=["query"]).to_pylist()}
@@ -74,8 +74,7 @@ def test_clicks_grade_the_logs_queries_and_their_test_queries_never_reach_traini
     assert len(tested) == c["test_queries"] > 0
     # the grades follow the hidden labels: a query's top-graded title is judged more relevant than its lowest
     labels = {}
-    from core.judgments import read_judgments
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
 
     for p in read_judgments(DEFAULT_CATALOGUE):
         labels[(norm(p.query), norm(p.title))] = p.label

@@ -49,7 +49,7 @@ def test_wrong_encoding_is_named(tmp_path):
 
 
 def test_a_damaged_zip_is_named_as_such_not_as_a_bad_label(tmp_path):
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE
 
     good = tmp_path / "j.zip"
     with zipfile.ZipFile(good, "w", zipfile.ZIP_DEFLATED) as z:

@@ -1,5 +1,6 @@
 """docs/architecture.md's layering, held to the code: imports between the project's packages point
-down only, and the run config loads without the heavy libraries."""
+down only, a stage imports no other stage, no two modules import each other (at run time or only for
+a type), and the run config loads without the heavy libraries."""
 
 from __future__ import annotations
 
@@ -11,35 +12,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first; a package may import packages of lower layers only (docs/architecture.md draws this).
-LAYERS: list[set[str]] = [
-    {"core"},
-    {"modeling"},
-    {"scoring"},
-    {"jobs"},
-    {"evaluation", "retrieval"},
-    {"analysis"},
-    {"flows", "infra"},
-    {"dssm"},
-]
+LAYERS: list[set[str]] = [{"core"}, {"modeling"}, {"scoring"}, {"stages"}, {"flows", "infra"}, {"dssm"}]
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
 
-def imported_packages(path: Path) -> set[str]:
-    """The project's top-level packages a module imports, at import time or inside functions; not
-    those under `if TYPE_CHECKING:`, which name a type for the checker and never run."""
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for package in LAYER_OF for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports(path: Path, type_only: bool = False) -> set[str]:
+    """The project modules a module imports, at import time or inside functions; with `type_only`
+    also those under `if TYPE_CHECKING:`, which name a type for the checker and never run."""
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            node.body = []
+    if not type_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+                node.body = []
     found: set[str] = set()
     for node in ast.walk(tree):
-        names = []
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        found |= {n.split(".")[0] for n in names} & set(LAYER_OF)
-    return found
+            # `from core import judgments` imports the module core.judgments; `from core.x import y`, core.x
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {name for name in found if name.split(".")[0] in LAYER_OF}
 
 
 def test_every_package_has_a_layer():
@@ -52,21 +53,89 @@ def test_every_package_has_a_layer():
 
 
 def test_imports_point_down_only():
+    """At run time and for a type alike: a lower layer never names a higher one's types."""
     upward = []
-    for package, layer in LAYER_OF.items():
-        for module in sorted((ROOT / package).rglob("*.py")):
-            for imported in imported_packages(module) - {package}:
-                if LAYER_OF[imported] >= layer:
-                    upward.append(f"{module.relative_to(ROOT)} imports {imported}")
+    for name, path in project_modules().items():
+        package = name.split(".")[0]
+        for imported in {i.split(".")[0] for i in imports(path, type_only=True)} - {package}:
+            if LAYER_OF[imported] >= LAYER_OF[package]:
+                upward.append(f"{path.relative_to(ROOT)} imports {imported}")
     assert not upward, "imports that do not point down (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "stages" and len(parts) > 2 else None
+
+
+def test_no_stage_imports_another_stage():
+    """What two stages share lives below them (core, modeling, scoring); a stage reads another's output
+    by path, from the pipeline, never its code. Only the flow, the CLI and infra see every stage."""
+    crossing = []
+    for name, path in project_modules().items():
+        own = stage_of(name)
+        if own is None:
+            continue
+        for imported in imports(path, type_only=True):
+            other = stage_of(imported)
+            if other not in (None, own):
+                crossing.append(f"{path.relative_to(ROOT)} imports {imported}")
+    assert not crossing, "stages that import another stage:\n" + "\n".join(sorted(crossing))
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles_at_run_time_or_for_types():
+    """Two modules that import each other (directly or round a longer loop, in a function or under
+    TYPE_CHECKING) are one module in two files: the shared part belongs in a module of its own."""
+    modules = project_modules()
+    graph = {
+        name: {i for i in imports(path, type_only=True) if i in modules and i != name and not name.startswith(i + ".")}
+        for name, path in modules.items()
+    }
+    assert circles(graph) == []
+
+
+def test_circles_finds_a_loop():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_the_run_config_and_every_settings_module_load_without_spark_mlflow_or_torch():
     """`dssm run --help`, the Prefect UI's parameter form and a config check must not pay for them; nor
-    must a stage's or command's settings (each package's config.py, each stage's under jobs/)."""
-    settings = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/config.py"))
-    settings += sorted(f"jobs.{p.parent.name}.config" for p in (ROOT / "jobs").glob("*/config.py"))
-    assert {"analysis.config", "evaluation.config", "retrieval.config", "jobs.clean.config"} <= set(settings)
+    must a stage's or command's settings (each package's config.py, each stage's under stages/)."""
+    settings = sorted(module_name(p) for p in ROOT.glob("*/config.py"))
+    settings += sorted(module_name(p) for p in (ROOT / "stages").glob("*/config.py"))
+    assert {"stages.analyze.config", "stages.evaluate.config", "modeling.config"} <= set(settings)
     code = (
         f"import sys, flows.config, flows.pipeline, flows.run_command, {', '.join(settings)}; "
         "print(sorted(m for m in ('pyspark', 'mlflow', 'torch', 'pandas', 'prefect') if m in sys.modules))"
@@ -82,14 +151,14 @@ def _readme_layout() -> str:
 
 
 def test_the_readme_layout_lists_every_package_stage_and_script():
-    """README's layout block is written by hand: it names every package, every stage package of jobs/,
+    """README's layout block is written by hand: it names every package, every stage of stages/,
     every script of the script folders and every encoder, so a new one cannot drift out of it."""
     from modeling.encoders import ENCODERS
 
     layout = _readme_layout()
     named = {line.split()[0] for line in layout.splitlines() if line and not line.startswith(" " * 4)}
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
-    stages = {p.parent.name for p in (ROOT / "jobs").glob("*/__init__.py")}
+    stages = {p.parent.name for p in (ROOT / "stages").glob("*/__init__.py")}
     assert {f"{p}/" for p in packages} <= named
     assert {f"{s}/" for s in stages} <= named
     scripts = [p.name for d in ("benchmarks", "reproductions", "studies") for p in (ROOT / d).glob("[!_]*.py")]

@@ -15,8 +15,8 @@ from conftest import tiny_model
 
 from core.artifacts import content_sha256, write_manifest
 from core.errors import DssmError
-from jobs.mine.config import MineConfig
-from jobs.mine.job import mine
+from stages.mine.config import MineConfig
+from stages.mine.job import mine
 
 
 def rows(directory: Path) -> list[dict]:

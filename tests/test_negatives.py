@@ -5,8 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.errors import DssmError
-from jobs.negatives.config import NegativesConfig
-from jobs.negatives.job import sample_negatives, validation_queries
+from stages.negatives.config import NegativesConfig
+from stages.negatives.job import sample_negatives, validation_queries
 
 
 def rows(path):
@@ -66,7 +66,7 @@ def test_pool_too_small_is_a_clear_error(spark):
 @pytest.mark.integration  # more than one process
 def test_a_forced_rerun_in_another_jvm_writes_the_same_bytes(pipeline, tmp_path):
     """Spark lists Parquet encodings in hash-set order, which differs between JVMs; the canonical
-    footers (jobs/spark/footer.py) make a forced rerun in a fresh process byte-identical."""
+    footers (core/spark/footer.py) make a forced rerun in a fresh process byte-identical."""
     import subprocess
     import sys
 
@@ -82,7 +82,7 @@ def test_a_forced_rerun_in_another_jvm_writes_the_same_bytes(pipeline, tmp_path)
 def test_canonical_footers_sort_each_encoding_list_in_place(pipeline, tmp_path):
     import shutil
 
-    from jobs.spark.footer import _ENCODINGS, _Reader, canonicalize
+    from core.spark.footer import _ENCODINGS, _Reader, canonicalize
 
     part = tmp_path / "part.parquet"
     shutil.copy(next((pipeline["clean"] / "pairs").glob("*.parquet")), part)
@@ -103,7 +103,7 @@ def test_canonical_footers_sort_each_encoding_list_in_place(pipeline, tmp_path):
 
 
 def test_skip_above_negatives_were_shown_above_the_click_and_never_clicked(spark, pipeline, tmp_path):
-    from jobs.negatives.job import negatives
+    from stages.negatives.job import negatives
 
     cfg = NegativesConfig(shards=3, skip_above=0.5)
     manifest = negatives(spark, pipeline["clean"], tmp_path / "hard", cfg)
@@ -150,7 +150,7 @@ def em_attractiveness(cells, theta, prior_clicks, prior_skips, iterations=200_00
 def test_map_attractiveness_is_the_em_fixed_point(spark):
     from pyspark.sql import functions as F
 
-    from jobs.negatives.job import curve_at_rank, map_attractiveness
+    from core.spark.clicks import curve_at_rank, map_attractiveness
 
     theta = [1.0, 0.25, 0.1, 0.05]
     pairs = [  # (rank, shown, clicks) cells
@@ -184,10 +184,11 @@ def test_map_attractiveness_is_the_em_fixed_point(spark):
 def test_debiased_clicks_and_listwise_targets_follow_the_examination_curve(spark, pipeline, tmp_path):
     """Σ 1/θ(rank) over each pair's clicks, and per query one list of its most examined shown titles
     with clicks / Σ θ(rank), recomputed here from the impressions; then a model trains on them."""
-    from jobs.negatives.job import examination_curve, negatives
-    from jobs.propensity.job import propensity
+    from core.spark.clicks import examination_curve
     from modeling.config import load_config
     from modeling.train import train
+    from stages.negatives.job import negatives
+    from stages.propensity.job import propensity
 
     propensity(spark, pipeline["clean"], tmp_path / "propensity")
     cfg = NegativesConfig(shards=3, debias=True, list_size=5, min_propensity=0.2)

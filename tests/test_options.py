@@ -18,13 +18,13 @@ from core.config import apply, parse_overrides
 from core.errors import DssmError
 from core.options import add_config_options, config_from_options, field_help
 from dssm.cli import build_parser, main
-from jobs.clean.config import CleanConfig
-from jobs.negatives.config import LIST_TARGETS, NegativesConfig
-from jobs.paraphrase.config import ParaphraseConfig
-from jobs.propensity.config import PropensityConfig
-from jobs.simulate.config import PROMOTED_BRANDS, ClickModel, DirtRates, SimulationConfig
-from jobs.vocab.config import VocabConfig
-from retrieval.config import KINDS, IndexConfig
+from stages.clean.config import CleanConfig
+from stages.index.config import KINDS, IndexConfig
+from stages.negatives.config import LIST_TARGETS, NegativesConfig
+from stages.paraphrase.config import ParaphraseConfig
+from stages.propensity.config import PropensityConfig
+from stages.simulate.config import PROMOTED_BRANDS, ClickModel, DirtRates, SimulationConfig
+from stages.vocab.config import VocabConfig
 
 # command: (its config dataclass, the sections whose fields have no prefix, the options it requires)
 CONVERTED: dict[str, tuple[type, set[str], list[str]]] = {
@@ -236,7 +236,7 @@ def test_a_literal_field_rejects_other_values_from_yaml_and_overrides():
 
 def test_the_old_constants_are_the_literals_values():
     from core.sentence_pairs import FORMATS
-    from jobs.clean.rawlog import FORMAT_VERSIONS
+    from stages.clean.rawlog import FORMAT_VERSIONS
 
     def choices(cls: type, name: str) -> tuple:
         return typing.get_args(typing.get_type_hints(cls)[name])

@@ -19,15 +19,15 @@ from scipy import stats
 
 from core.sentence_pairs import SentencePair, parse_line, read_pairs, sentence_norm
 from dssm.cli import main as dssm_main
-from evaluation.sts import sts_files
-from jobs.negatives.config import NegativesConfig
-from jobs.negatives.job import negatives
-from jobs.paraphrase.job import paraphrase
-from jobs.vocab.job import vocab
 from modeling.checkpoint import load_model, read_checkpoint
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import paraphrase_loss
 from scoring.neural import TwoTowerEmbedder
+from stages.negatives.config import NegativesConfig
+from stages.negatives.job import negatives
+from stages.paraphrase.job import paraphrase
+from stages.sts.job import sts_files
+from stages.vocab.job import vocab
 
 
 def test_line_formats_and_sentence_norm():
@@ -81,7 +81,7 @@ def test_the_spark_jobs_prepare_pairs_like_click_pairs(spark, paraphrase_data):
     rows += pq.read_table(paraphrase_data / "negatives" / "valid").to_pylist()
     assert len(rows) == 80 and all(r["negatives"] == [] for r in rows)
     # rerun: up to date, nothing rewritten
-    from jobs.spark import LazySpark
+    from core.spark import LazySpark
 
     lazy = LazySpark()
     again = paraphrase(lazy, str(paraphrase_data / "pairs.tsv"), paraphrase_data / "clean")

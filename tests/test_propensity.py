@@ -4,7 +4,7 @@ examination curve rank^-eta."""
 import numpy as np
 import pytest
 
-from jobs.propensity.job import Cells, estimate
+from stages.propensity.job import Cells, estimate
 
 
 def test_em_recovers_a_known_examination_curve_from_pbm_clicks():
@@ -25,10 +25,10 @@ def test_em_recovers_a_known_examination_curve_from_pbm_clicks():
 
 @pytest.mark.parametrize("eta", [1.0, 1.5])
 def test_the_curve_estimated_from_clean_impressions_matches_the_simulators_truth(spark, default_pairs, tmp_path, eta):
-    from jobs.clean.job import clean
-    from jobs.propensity.job import PLOT_FILE, propensity, read_curve
-    from jobs.simulate.config import ClickModel, SimulationConfig
-    from jobs.simulate.job import simulate
+    from stages.clean.job import clean
+    from stages.propensity.job import PLOT_FILE, propensity, read_curve
+    from stages.simulate.config import ClickModel, SimulationConfig
+    from stages.simulate.job import simulate
 
     cfg = SimulationConfig(impressions=40_000, shards=1, workers=1, log_format=2, model=ClickModel(eta=eta))
     simulate(default_pairs, tmp_path / "sim", cfg, {"path": "default", "sha256": "default"})
@@ -49,12 +49,12 @@ def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark
     from core.errors import DssmError
     from core.layout import Layout
     from core.stage import RunContext, StageOutput
-    from jobs.clean.config import CleanConfig
-    from jobs.clean.job import clean
-    from jobs.negatives.config import NegativesConfig
-    from jobs.negatives.job import negatives
-    from jobs.propensity.job import propensity
-    from jobs.propensity.stage import run as propensity_stage
+    from stages.clean.config import CleanConfig
+    from stages.clean.job import clean
+    from stages.negatives.config import NegativesConfig
+    from stages.negatives.job import negatives
+    from stages.propensity.job import propensity
+    from stages.propensity.stage import run as propensity_stage
 
     out = tmp_path / "clean"
     manifest = clean(spark, str(pipeline["simulate"]), out, CleanConfig(impressions=False))

@@ -1,7 +1,7 @@
 import orjson
 import pytest
 
-from jobs.clean.rawlog import Malformed, parse_line
+from stages.clean.rawlog import Malformed, parse_line
 
 GOOD = {
     "v": 1,
@@ -72,7 +72,7 @@ def test_random_byte_flips_never_fail_a_batch_and_every_line_is_accounted_for():
 
     import pyarrow as pa
 
-    from jobs.clean.rawlog import MALFORMED_REASONS, parse_batches
+    from stages.clean.rawlog import MALFORMED_REASONS, parse_batches
 
     rng = random.Random(7)
     lines = []
@@ -100,7 +100,7 @@ def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_qua
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.clean.rawlog import read_catalogue
+    from stages.clean.rawlog import read_catalogue
 
     docs = {"d1": "Star  Drive Deck Screws", "d2": "Wood Glue", "d3": "wood  glue"}  # d2, d3: one title
     pq.write_table(pa.table({"doc_id": list(docs), "title": list(docs.values())}), tmp_path / "catalogue.parquet")
@@ -127,7 +127,7 @@ def test_a_v2_line_takes_its_titles_from_the_catalogue_and_an_unknown_doc_is_qua
     assert bad.value.reason == "wrong_type" and "doc_id" in bad.value.detail
 
 
-# The vectorised path (jobs.clean.fastparse) must give parse_line's rows, line for line.
+# The vectorised path (stages.clean.fastparse) must give parse_line's rows, line for line.
 CATALOGUE = {"d1": 0, "d2": 1, "d3": 1}
 V2 = {
     **GOOD,
@@ -146,8 +146,8 @@ def both_paths(lines: list[bytes], catalogue: dict[str, int] = CATALOGUE):
     the vectorised path took."""
     import pyarrow as pa
 
-    from jobs.clean.fastparse import DocLookup, parse_canonical
-    from jobs.clean.rawlog import parse_batches
+    from stages.clean.fastparse import DocLookup, parse_canonical
+    from stages.clean.rawlog import parse_batches
 
     values = pa.array(lines, pa.binary())
     batch = pa.RecordBatch.from_arrays(
@@ -228,11 +228,10 @@ def test_the_vectorised_path_matches_parse_line_on_a_dirty_simulated_log_and_on_
     import gzip
     import random
 
-    from core.judgments import read_judgments
-    from jobs.clean.rawlog import read_catalogue
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
+    from stages.clean.rawlog import read_catalogue
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
 
     cfg = SimulationConfig(impressions=4_000, shards=1, workers=1, log_format=2)
     simulate(read_judgments(DEFAULT_CATALOGUE), tmp_path, cfg, {"path": "default", "sha256": "default"})
@@ -274,7 +273,7 @@ def test_result_rows_that_disagree_on_the_query_are_one_bad_impression_with_its_
     import pyarrow as pa
 
     from benchmarks._parquet_twin import twin
-    from jobs.clean.parquetlog import _Context, column_names, result_batches
+    from stages.clean.parquetlog import _Context, column_names, result_batches
 
     lines = [
         json.dumps(

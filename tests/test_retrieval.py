@@ -55,8 +55,8 @@ def catalogue(path: Path) -> list[str]:
 
 
 def test_index_embeds_on_spark_searches_exactly_and_logs_a_retriever(spark, registered, tmp_path, capsys):
-    from retrieval.index import index
     from scoring.retriever import Retriever
+    from stages.index.job import index
 
     titles = catalogue(tmp_path / "titles.parquet")
     out = tmp_path / "index"
@@ -196,13 +196,13 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
 
 
 def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(registered):
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.bm25 import CatalogueBM25
     from scoring.fusion import RetrievalFusion
     from scoring.hybrid import HybridScorer
     from scoring.lexical import BM25, Collection
     from scoring.retriever import Retriever
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     RERANK = RetrievalFusion.from_dict(None).depth  # the depth a hybrid saved before retrieval fusion keeps
 
@@ -234,11 +234,11 @@ def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(
 
 @pytest.mark.parametrize("method", ["zscore", "rrf"])
 def test_a_hybrid_fuses_the_union_as_its_retrieval_fusion_says(registered, method):
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.bm25 import CatalogueBM25
     from scoring.lexical import BM25, Collection
     from scoring.retriever import Retriever
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     titles = [f"{a} {p} {s} {n}" for p in TINY_PRODUCTS for a in TINY_ATTRIBUTES for s in ("kit", "pro") for n in "abc"]
     embedder = TwoTowerEmbedder(registered["checkpoint"])
@@ -284,16 +284,16 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     travelling as a file of its own)."""
     from conftest import tiny_model
 
-    from evaluation.evaluate import component_kind
-    from evaluation.retrieval import Catalogue, fused
-    from evaluation.systems import System
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.bm25 import CatalogueBM25
+    from scoring.catalogue import Catalogue, fused
     from scoring.fusion import RetrievalFusion
     from scoring.hybrid import HybridScorer
     from scoring.lexical import BM25, Collection
     from scoring.retriever import Retriever
+    from scoring.systems import System
+    from stages.evaluate.job import component_kind
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     partner_path = tiny_model(tiny_data, tmp_path / "partner", "epochs=2", "seed=7") / "last.pt"
     model, partner = TwoTowerEmbedder(registered["checkpoint"]), TwoTowerEmbedder(partner_path)
@@ -363,7 +363,7 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
     # the dev grid scores every weighting at once (standardised scores as matrices); each grid point's
     # NDCG@10 is what ranking with that fusion (the served path above) gets
     from core.judgments import JudgedSetSpec, read_judgments
-    from evaluation.retrieval import fit_fusion
+    from scoring.catalogue import fit_fusion
     from scoring.protocol import build_eval_set
     from scoring.quality import catalogue_metrics
 
@@ -378,17 +378,17 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
 
 
 def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
-    """A `dssm index` output written without Spark: the files retrieval/index.py writes (the title
+    """A `dssm index` output written without Spark: the files stages/index/job.py writes (the title
     tower's vectors in a flat faiss index, the slim checkpoint, a hybrid's fusion.json and bm25/) and
     the manifest `publish` writes over them."""
     import faiss
 
     from core.artifacts import write_manifest
     from modeling.checkpoint import slim_checkpoint
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.bm25 import CatalogueBM25
     from scoring.retriever import INDEX_FILE
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     (out / "embeddings").mkdir(parents=True)
     (out / "model").mkdir()
@@ -547,12 +547,12 @@ def test_a_query_is_read_to_its_first_64_words_so_the_hybrid_score_stays_bounded
     """16,667 copies of one word scored 5407.9: BM25 adds a term's weight once per repeat in the query."""
     from core.text import MAX_QUERY_WORDS
     from core.tracking import experiment_id
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.hybrid import HybridScorer
     from scoring.lexical import BM25
     from scoring.retriever import Retriever
     from scoring.serving import log_model
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     titles = catalogue(tmp_path / "titles.parquet")
     fusion = tiny_fusion(titles)
@@ -641,9 +641,9 @@ def test_a_damaged_faiss_file_is_named_with_the_command_that_rebuilds_it(tmp_pat
 
 
 def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():
-    from retrieval.config import IndexConfig
-    from retrieval.index import build_faiss
     from scoring.retriever import unit_rows
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(3000, 16)).astype(np.float32)
@@ -682,9 +682,9 @@ def test_bm25s_reproduces_protocols_bm25_row_on_home_depot(home_depot):
 def test_bm25_retrieval_from_the_whole_home_depot_catalogue_reproduces_protocols_row(home_depot):
     """PROTOCOL.md §8's reference row, through `dssm evaluate --retrieval`'s code path."""
     from core.judgments import JudgedSetSpec, resolve_judged_set
-    from evaluation.retrieval import Catalogue, evaluate_retrieval
-    from evaluation.systems import build_baseline
+    from scoring.catalogue import Catalogue, evaluate_retrieval
     from scoring.protocol import load_eval_set, relevant_threshold
+    from scoring.systems import build_baseline
 
     judged = resolve_judged_set(home_depot, JudgedSetSpec(encoding="latin-1"))
     pairs = judged.pairs()

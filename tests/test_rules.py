@@ -1,10 +1,10 @@
-"""jobs/clean/rules.py's bucketing: the rules are exact only if equal ids meet in one bucket, whatever
+"""stages/clean/rules.py's bucketing: the rules are exact only if equal ids meet in one bucket, whatever
 task, batch or slice of a column hashes them (the rules themselves: tests/test_clean.py)."""
 
 import numpy as np
 import pyarrow as pa
 
-from jobs.clean.rules import bucket_of
+from stages.clean.rules import bucket_of
 
 
 def test_equal_strings_get_one_bucket_in_any_slice_and_buckets_are_used_evenly():

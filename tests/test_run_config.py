@@ -44,14 +44,38 @@ def test_every_stage_option_is_a_key(tmp_path):
             "train.optim.lr=0.05",
             "train.model.hidden=[200, 100]",
             "evaluate.baselines=bm25,ulm",
-            "analyze=false",
+            "skip=[analyze,index]",
         ]
     )
     assert (cfg.negatives.valid_fraction, cfg.negatives.shards, cfg.clean.bot_max_per_minute) == (0.2, 4, 30)
     assert cfg.vocab.min_count == 3 and cfg.simulate.model.eta == 1.5 and cfg.judgments.spec.encoding == "utf-8"
     assert (cfg.train.epochs, cfg.train.optim.lr, cfg.train.model.hidden) == (2, 0.05, [200, 100])  # YAML lists
     assert cfg.evaluate.baselines == ["bm25", "ulm"]
-    assert cfg.analyze is False
+    assert cfg.skip == ["analyze", "index"]
+
+
+@pytest.mark.parametrize(
+    "override,names",
+    [("analyze=false", "skip=[analyze]"), ("index_champion=false", "skip=[index]"), ("skip=[train]", "mine, teacher")],
+)
+def test_a_retired_switch_fails_naming_skip(override, names):
+    """`analyze` and `index_champion` switched a stage off before `skip` did it for every optional stage."""
+    from core.errors import DssmError
+    from flows.config import load_run_config
+
+    with pytest.raises(DssmError, match=re.escape(names)):
+        load_run_config(None, [override])
+
+
+def test_the_no_stage_flags_name_the_stage_in_skip():
+    import argparse
+
+    from flows.config import add_run_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--no-index", "skip=[mine]", "--no-analyze"]))
+    assert cfg.skip == ["mine", "index", "analyze"]
 
 
 @pytest.mark.parametrize(
@@ -127,9 +151,9 @@ def as_yaml(d: dict) -> Path:
 
 
 def test_the_encoder_registry_is_the_one_list():
-    from analysis.lstm import RECURRENT
     from modeling.config import load_config
     from modeling.encoders import ENCODERS
+    from stages.analyze.lstm import RECURRENT
 
     encoders_section = (ROOT / "docs" / "training.md").read_text().split("## Encoders")[1].split("\n## ")[0]
     documented = re.findall(r"^\| `(\w+)` \|", encoders_section, flags=re.M)

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 
 from core.artifacts import content_sha256
 from core.text import is_test_query, norm
-from jobs.simulate import catalogue
-from jobs.simulate.config import SimulationConfig
-from jobs.simulate.job import simulate
+from stages.simulate import catalogue
+from stages.simulate.config import SimulationConfig
+from stages.simulate.job import simulate
 
 SOURCE = {"path": "default", "sha256": "default"}
 
@@ -115,8 +115,7 @@ def test_a_day_is_simulated_into_its_partition_deterministically_with_its_own_id
     import pytest
 
     from core.errors import DssmError
-    from core.judgments import read_judgments
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
 
     pairs = read_judgments(DEFAULT_CATALOGUE)
     cfg = SimulationConfig(impressions=2_000, shards=2, workers=1, day="2026-01-02")
@@ -152,8 +151,8 @@ def test_a_biased_ranker_makes_the_same_mistakes_on_every_impression(default_pai
     a query's judged titles come in the same order every time, and not in order of relevance."""
     import numpy as np
 
-    from jobs.simulate.config import ClickModel
-    from jobs.simulate.job import _rank_and_click, build_catalogue, ranker_errors, split_judgments
+    from stages.simulate.config import ClickModel
+    from stages.simulate.job import _rank_and_click, build_catalogue, ranker_errors, split_judgments
 
     cat = build_catalogue(split_judgments(default_pairs)[0], seed=13)
     queries = np.arange(len(cat.queries))
@@ -173,8 +172,8 @@ def test_a_promoting_ranker_puts_promoted_brands_first_for_every_query(default_p
     so a model trained on uncorrected clicks would learn it as relevance."""
     import numpy as np
 
-    from jobs.simulate.config import ClickModel
-    from jobs.simulate.job import _rank_and_click, build_catalogue, promoted_brand, split_judgments
+    from stages.simulate.config import ClickModel
+    from stages.simulate.job import _rank_and_click, build_catalogue, promoted_brand, split_judgments
 
     cat = build_catalogue(split_judgments(default_pairs)[0], seed=13)
     assert 0.1 < cat.promoted.mean() < 0.4  # about a quarter of the brands
@@ -199,7 +198,7 @@ def test_the_weakest_brands_are_a_quarter_of_the_titles_and_less_relevant(defaul
     import pytest
 
     from core.errors import DssmError
-    from jobs.simulate.job import brand, build_catalogue, promotion_rule, split_judgments, weakest_brands
+    from stages.simulate.job import brand, build_catalogue, promotion_rule, split_judgments, weakest_brands
 
     train = split_judgments(default_pairs)[0]
     cat = build_catalogue(train, seed=13, promoted_brands="weakest")

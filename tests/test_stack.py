@@ -29,9 +29,9 @@ import pytest
 from conftest import free_port
 
 from core.artifacts import read_manifest
+from core.judgments import DEFAULT_CATALOGUE
+from core.spark import NO_EXECUTOR_TIMEOUT_ENV
 from infra import database, stack
-from jobs.simulate.catalogue import DEFAULT_CATALOGUE
-from jobs.spark import NO_EXECUTOR_TIMEOUT_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -160,9 +160,9 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
 
         # While the schedule waits for its minute (an idle core, up to 60 s), a v2 log (doc ids, titles in the
         # catalogue side table, the vectorised parser on the executors) is cleaned on the cluster and locally
-        from jobs.clean.job import clean
-        from jobs.simulate.config import SimulationConfig
-        from jobs.simulate.job import simulate
+        from stages.clean.job import clean
+        from stages.simulate.config import SimulationConfig
+        from stages.simulate.job import simulate
 
         v2 = tmp_path / "simulate-v2"
         sim = SimulationConfig(impressions=5_000, shards=2, workers=1, log_format=2)

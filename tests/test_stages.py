@@ -32,25 +32,25 @@ def kill_before_publish(monkeypatch, stage: str) -> None:
 
 
 def test_a_stage_fingerprint_covers_the_project_modules_it_imports_and_nothing_else():
-    modules = code_modules("jobs.negatives.job")
-    assert {"jobs.negatives.job", "jobs.spark", "core.schemas", "core.artifacts", "core.errors"} <= set(modules)
-    assert "jobs.clean.job" not in modules and "modeling.train" not in modules
+    modules = code_modules("stages.negatives.job")
+    assert {"stages.negatives.job", "core.spark", "core.schemas", "core.artifacts", "core.errors"} <= set(modules)
+    assert "stages.clean.job" not in modules and "modeling.train" not in modules
     assert not any(
         m.startswith(("tests", "benchmarks", "reproductions", "studies", "scripts_common", "docs")) for m in modules
     )
     # lazy imports inside functions count: evaluation reaches the model code through load_trained
-    assert "modeling.encoders" in code_modules("evaluation.evaluate")
+    assert "modeling.encoders" in code_modules("stages.evaluate.job")
     assert "modeling.encoders" in code_modules("modeling.train")
 
 
 def test_an_edit_to_an_imported_module_changes_the_fingerprint(monkeypatch):
-    before = {m: code_fingerprint(m) for m in ("jobs.negatives.job", "jobs.vocab.job", "jobs.simulate.job")}
+    before = {m: code_fingerprint(m) for m in ("stages.negatives.job", "stages.vocab.job", "stages.simulate.job")}
     real = artifacts.module_sha256
-    monkeypatch.setattr(artifacts, "module_sha256", lambda m: "edited" if m == "jobs.spark" else real(m))
+    monkeypatch.setattr(artifacts, "module_sha256", lambda m: "edited" if m == "core.spark" else real(m))
     after = {m: code_fingerprint(m) for m in before}
-    assert after["jobs.negatives.job"] != before["jobs.negatives.job"]
-    assert after["jobs.vocab.job"] != before["jobs.vocab.job"]
-    assert after["jobs.simulate.job"] == before["jobs.simulate.job"]  # the simulator does not use Spark
+    assert after["stages.negatives.job"] != before["stages.negatives.job"]
+    assert after["stages.vocab.job"] != before["stages.vocab.job"]
+    assert after["stages.simulate.job"] == before["stages.simulate.job"]  # the simulator does not use Spark
 
 
 def write_files(tmp: Path) -> dict:
@@ -102,22 +102,21 @@ def stage_work(spark, pipeline, tiny_data, tmp_path_factory) -> dict[str, Path]:
 
 def _runners(spark, work: Path):
     """Per stage kind: (output dir, run(variant) -> manifest). Variant 0 and 1 differ in one setting."""
-    from analysis.config import AnalyzeSettings
-    from analysis.report import AnalyzeConfig, analyze
-    from core.judgments import JudgedSetSpec, resolve_judged_set
-    from evaluation.config import EvaluateSettings
-    from evaluation.evaluate import EvaluateConfig, evaluate
-    from jobs.clean.config import CleanConfig
-    from jobs.clean.job import clean
-    from jobs.negatives.config import NegativesConfig
-    from jobs.negatives.job import negatives
-    from jobs.paraphrase.config import ParaphraseConfig
-    from jobs.paraphrase.job import paraphrase
-    from jobs.simulate.catalogue import DEFAULT_CATALOGUE
-    from jobs.simulate.config import SimulationConfig
-    from jobs.simulate.job import simulate
-    from jobs.vocab.config import VocabConfig
-    from jobs.vocab.job import vocab
+    from core.judgments import DEFAULT_CATALOGUE, JudgedSetSpec, resolve_judged_set
+    from stages.analyze.config import AnalyzeSettings
+    from stages.analyze.job import AnalyzeConfig, analyze
+    from stages.clean.config import CleanConfig
+    from stages.clean.job import clean
+    from stages.evaluate.config import EvaluateSettings
+    from stages.evaluate.job import EvaluateConfig, evaluate
+    from stages.negatives.config import NegativesConfig
+    from stages.negatives.job import negatives
+    from stages.paraphrase.config import ParaphraseConfig
+    from stages.paraphrase.job import paraphrase
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
+    from stages.vocab.config import VocabConfig
+    from stages.vocab.job import vocab
 
     catalogue = resolve_judged_set(None, JudgedSetSpec(), DEFAULT_CATALOGUE)
     judged = resolve_judged_set(work / "judged.csv", JudgedSetSpec(encoding="utf-8"))

@@ -25,8 +25,8 @@ import pytest
 from core.artifacts import read_manifest
 from core.judgments import read_judgments
 from dssm.cli import main as dssm_main
-from evaluation.systems import build_baseline
 from scoring.protocol import CUTOFFS, build_eval_set, evaluate_scores
+from scoring.systems import build_baseline
 
 pytestmark = pytest.mark.integration
 

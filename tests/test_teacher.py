@@ -1,4 +1,4 @@
-"""The teacher stage (jobs/teacher/job.py): each train query's hard candidates and clicks, scored by a
+"""The teacher stage (stages/teacher/job.py): each train query's hard candidates and clicks, scored by a
 teacher, as listwise targets on one row per query; clicks never taught as negatives."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from conftest import tiny_model
 
 from core.errors import DssmError
-from jobs.teacher.config import TeacherConfig, check_config
-from jobs.teacher.job import targets, teacher
+from stages.teacher.config import TeacherConfig, check_config
+from stages.teacher.job import targets, teacher
 
 
 def test_targets_standardise_each_scorer_over_the_list_and_never_rank_a_click_below_a_candidate():

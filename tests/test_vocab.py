@@ -4,7 +4,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 
 from core.text import word_trigrams
-from jobs.vocab.job import UNKNOWN, build_vocab, trigram_counts, word_counts
+from stages.vocab.job import UNKNOWN, build_vocab, trigram_counts, word_counts
 
 
 def reference_texts(clean_dir):

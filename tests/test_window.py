@@ -1,6 +1,6 @@
-"""A window over date-partitioned logs (jobs/clean/window.py): days without logs and partitions that
+"""A window over date-partitioned logs (stages/clean/window.py): days without logs and partitions that
 cannot be read are left out and listed, not fatal; partitions are listed and fingerprinted on the
-log root's Hadoop file system (jobs/clean/hadoopfs.py), a `file://` URI here."""
+log root's Hadoop file system (stages/clean/hadoopfs.py), a `file://` URI here."""
 
 import logging
 import os
@@ -8,12 +8,13 @@ import shutil
 
 import pytest
 
+from core.dates import window_dates
 from core.errors import DssmError
-from jobs.clean.config import CleanConfig
-from jobs.clean.hadoopfs import HadoopPath, fingerprint
-from jobs.clean.window import clean_window, day_logs, partitions, window_dates
-from jobs.simulate.config import SimulationConfig
-from jobs.simulate.job import simulate
+from stages.clean.config import CleanConfig
+from stages.clean.hadoopfs import HadoopPath, fingerprint
+from stages.clean.window import clean_window, day_logs, partitions
+from stages.simulate.config import SimulationConfig
+from stages.simulate.job import simulate
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_an_empty_day_is_a_day_without_logs_and_bad_partition_names_are_listed(s
     days, out = tmp_path / "days", tmp_path / "clean"
     dates = window_dates("2026-01-04", 4)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.clean.window"):
+    with caplog.at_level(logging.WARNING, logger="stages.clean.window"):
         m = clean_window(spark, root.as_uri(), dates, days, out, CleanConfig())
     window = m["window"]
     assert list(window["days"]) == ["2026-01-01", "2026-01-03"] and m["counts"]["days"] == 2

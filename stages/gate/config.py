@@ -1,0 +1,16 @@
+"""The gate stage's settings (`dssm gate`'s flags, the flow's `gate` section), in a module that imports no
+pyspark, mlflow or torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GateMetric = Literal["ndcg@10", "retrieval_ndcg@10"]
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    # what the champion gate compares: ndcg@10 (re-ranking the judged titles), or retrieval_ndcg@10
+    # (ranking the whole catalogue, what the index serves to dssm search; the evaluation must have measured it)
+    metric: GateMetric = "ndcg@10"

@@ -1,0 +1,265 @@
+"""`dssm gate`: a registered version takes the `champion` alias only when it beats the champion.
+
+The gate moves the `champion` alias to a new version only when it beats the current champion's
+NDCG@10 on the same evaluation set (same judged file, same split), and leaves it on the best of the
+versions gated at the same time (runs against one tracking server: `_settle`); `--metric
+retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8). It reads what
+register registered and, for a champion never measured on this eval set, the eval set that evaluate
+wrote beside its report (scoring/handoff.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from core.artifacts import code_fingerprint, publish, require_manifest
+from core.errors import DssmError, NotADssmModel
+from core.tracking import client as mlflow_client
+from scoring.handoff import ScoredOn, read_eval_set
+from scoring.protocol import metric_key
+from scoring.serving import CHAMPION, GATE_FILE, read_gate
+from stages.gate.config import GateConfig
+
+log = logging.getLogger(__name__)
+
+METRIC_LABELS = {"ndcg_at_10": "NDCG@10", "retrieval_ndcg_at_10": "retrieval NDCG@10"}
+
+
+@dataclass
+class GateDecision:
+    promoted: bool
+    version: str
+    ndcg10: float
+    champion_version: str | None
+    champion_ndcg10: float | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def champion_gate(
+    client: mlflow.MlflowClient,
+    name: str,
+    version: str,
+    ndcg10: float,
+    eval_key: str,
+    score_champion: Callable[[str], float],
+    system: str = "",
+    metric: str = "ndcg_at_10",
+) -> GateDecision:
+    """Move `champion` to `version` iff its `metric` (an MLflow metric name: ndcg_at_10, or
+    retrieval_ndcg_at_10 for a deployment that serves `dssm search`) beats the champion's on the
+    same eval set.
+
+    Each version remembers its metric per eval set in a tag; a champion never measured on this
+    eval set is scored now with `score_champion(models:/name@champion)`."""
+    tag = f"{metric}.{eval_key}"
+    label = METRIC_LABELS.get(metric, metric)
+    client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
+    if system:
+        client.set_model_version_tag(name, version, "system", system)
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    if champion is None:
+        client.set_registered_model_alias(name, CHAMPION, version)
+        return GateDecision(True, version, ndcg10, None, None, "no champion yet" + _settle(client, name, tag, None))
+    if champion.version == version:
+        return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
+    known = champion.tags.get(tag)
+    if known is None:
+        try:
+            champion_ndcg = score_champion(f"models:/{name}@{CHAMPION}")
+        except NotADssmModel as e:  # e.g. a version registered by hand: it cannot compete (a lost server can)
+            log.warning("%s champion v%s cannot be scored, v%s replaces it: %s", name, champion.version, version, e)
+            client.set_registered_model_alias(name, CHAMPION, version)
+            reason = f"champion v{champion.version} cannot be scored ({e}): replaced"
+            reason += _settle(client, name, tag, champion.version)
+            return GateDecision(True, version, ndcg10, champion.version, None, reason)
+        client.set_model_version_tag(name, champion.version, tag, f"{champion_ndcg:.6f}")
+    else:
+        champion_ndcg = float(known)
+    if ndcg10 > champion_ndcg:
+        client.set_registered_model_alias(name, CHAMPION, version)
+        reason = f"{label} {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
+        reason += _settle(client, name, tag, champion.version)
+        return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
+    reason = f"{label} {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
+    return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)
+
+
+def _settle(client: mlflow.MlflowClient, name: str, tag: str, compared: str | None) -> str:
+    """After this gate moved the alias: hand it on to the best version gated at the same time.
+
+    MLflow has no compare-and-set on an alias, so two runs gated at once (two `dssm run` against one
+    tracking server) can both beat the champion they read, and the later write wins, better or not.
+    Each gate that moves the alias therefore reads again after its write: among the versions newer
+    than the champion it compared against and measured on this eval set, the best (the earliest on a
+    tie) takes the alias if it beats the current champion. The last writer re-reads after its write,
+    so it ends on the best. Versions older than that champion are not contenders: a champion set by
+    hand stays until a newer version beats it (with no champion yet, every measured version is one).
+    Returns a note for the decision's reason ('' if none)."""
+    note = ""
+    for _ in range(10):  # each round writes a strictly better champion: few rounds
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+        contenders = [
+            v
+            for v in client.search_model_versions(f"name='{name}'")
+            if tag in v.tags and (compared is None or int(v.version) > int(compared))
+        ]
+        if not contenders:
+            return note
+        best = max(contenders, key=lambda v: (float(v.tags[tag]), -int(v.version)))
+        held = float(champion.tags[tag]) if tag in champion.tags else float("-inf")
+        if best.version == champion.version or float(best.tags[tag]) <= held:
+            return note
+        client.set_registered_model_alias(name, CHAMPION, best.version)
+        note = f"; v{best.version}, gated at the same time, is better ({float(best.tags[tag]):.2f}) and holds the alias"
+    return note
+
+
+def plot_gate_history(
+    client: mlflow.MlflowClient, name: str, eval_key: str, path: Path, metric: str = "ndcg_at_10"
+) -> Path | None:
+    """NDCG@10 of every version of `name` measured on this eval set, by version (and the run date of
+    windowed runs), champion starred: a scheduled retrain's history at a glance. None when no
+    version was measured here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tag = f"{metric}.{eval_key}"
+    versions = [v for v in client.search_model_versions(f"name='{name}'") if tag in v.tags]
+    if not versions:
+        return None
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION).version
+    except MlflowException:
+        champion = None
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(versions) + 3), 3.6))
+    by_system: dict[str, list[tuple[int, float]]] = {}
+    for v in versions:
+        system = v.tags.get("system") or client.get_run(v.run_id).data.tags.get("system", "?")  # older versions
+        by_system.setdefault(system, []).append((int(v.version), float(v.tags[tag])))
+    for system, points in sorted(by_system.items()):
+        points.sort()
+        ax.plot(*zip(*points, strict=True), marker="o", linestyle="-", label=system)
+    for v in versions:
+        if v.version == champion:
+            ax.plot(int(v.version), float(v.tags[tag]), marker="*", markersize=16, color="gold", mec="black")
+            ax.annotate(
+                f"champion v{v.version}",
+                (int(v.version), float(v.tags[tag])),
+                textcoords="offset points",
+                xytext=(-20, 10),
+                fontsize=8,
+            )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    dated = {int(v.version): v.tags["run_date"] for v in versions if v.tags.get("run_date")}
+    if dated:  # scheduled runs over date windows: each version under the night that trained it
+        ticks = sorted({int(v.version) for v in versions})
+        ax.set_xticks(ticks, [f"v{n}\n{dated[n]}" if n in dated else f"v{n}" for n in ticks], fontsize=7)
+    ax.margins(x=0.12, y=0.15)  # room for the champion's label
+    ax.set_xlabel("registered version" + (" and run date" if dated else ""))
+    label = METRIC_LABELS.get(metric, metric)
+    ax.set_ylabel(label)
+    ax.set_title(f"{name}: {label} on eval set {eval_key[:8]} by version", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the plot, never over a point
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+HISTORY_PLOT = "gate-history.png"
+
+
+def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: bool = False) -> dict[str, Any]:  # noqa: B008
+    """The champion gate for every version of `registered` (a `dssm register` output): OUT/gate.json
+    (a decision per version) and OUT/gate-history.png; each decision also tags its evaluation run."""
+    from scoring.handoff import read_registered
+
+    done = require_manifest(Path(registered), "register")
+    uri = done["params"]["mlflow_uri"]
+    inputs = {"registered": {"path": str(registered), "sha256": done["content_sha256"]}}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        doc = read_registered(Path(registered))
+        name, key = doc["model"], doc["eval_key"]
+        scored = functools.cache(lambda: read_eval_set(Path(doc["evaluation"])))
+        metric = metric_key(cfg.metric)
+        client = mlflow_client(uri)
+        score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
+        decisions = []
+        for v in doc["versions"]:
+            if cfg.metric not in v["metrics"]:
+                raise DssmError(
+                    f"gate: {v['system']} was evaluated without {cfg.metric} (the flow: evaluate.retrieval=true, "
+                    f"dssm evaluate --retrieval), or gate on ndcg@10"
+                )
+            value = v["metrics"][cfg.metric]
+            decision = champion_gate(client, name, v["version"], value, key, score, v["system"], metric)
+            client.set_tag(v["run_id"], "champion_gate", decision.reason)
+            log.info("%s v%s: %s", name, v["version"], decision.reason)
+            decisions.append({"system": v["system"], "model": name, **decision.as_dict()})
+        # after every decision of this gate: the plot shows where the alias ended
+        history = plot_gate_history(client, name, key, tmp / HISTORY_PLOT, metric) if decisions else None
+        for v in doc["versions"] if history else []:
+            client.log_artifact(v["run_id"], str(history))
+        (tmp / GATE_FILE).write_text(json.dumps(decisions, indent=2) + "\n")
+        return {"counts": {"gated": len(decisions), "promoted": sum(d["promoted"] for d in decisions)}}
+
+    params = {"metric": cfg.metric, "mlflow_uri": uri}
+    return publish(Path(out), "gate", code_fingerprint(__name__), inputs, params, build, force, upstream=[done])
+
+
+def _score_uri(uri: str, scored: Callable[[], ScoredOn], retrieval: bool) -> float:
+    """NDCG@10 of an MLflow model (the champion, when it was never measured there) on the eval set
+    evaluate scored on: re-ranking its judged titles, or retrieving from its catalogue."""
+    from scoring.catalogue import Catalogue, evaluate_retrieval
+    from scoring.protocol import evaluate_scores
+    from scoring.systems import load_trained
+
+    on = scored()
+    system = load_trained(uri)
+    if retrieval:
+        catalogue = Catalogue(on.catalogue or [])
+        return evaluate_retrieval(on.eval_set, catalogue, [system], on.threshold)["systems"][system.name]["ndcg@10"]
+    queries, titles = on.eval_set.pairs()
+    return evaluate_scores(on.eval_set, system.name, system.scorer.score(queries, titles)).mean("ndcg@10")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm gate`'s options: the input and output, GateConfig's fields."""
+    from core.options import add_config_options
+
+    p.add_argument("--registered", type=Path, required=True, help="a `dssm register` output (its registered.json)")
+    p.add_argument("--out", type=Path, required=True, help="output directory (gate.json, gate-history.png)")
+    p.add_argument("--force", action="store_true", help="gate again even if --out holds this gate's decisions")
+    add_config_options(p, GateConfig)
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm gate`."""
+    from core.options import config_from_options
+
+    gate(args.registered, args.out, config_from_options(GateConfig, args), args.force)
+    for d in read_gate(args.out):
+        decision = "promoted" if d["promoted"] else "kept"
+        print(f"{d['model']} v{d['version']} ({d['system']}): {decision} ({d['reason']})")

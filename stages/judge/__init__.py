@@ -1,0 +1,1 @@
+"""The judge stage: a judged set graded from the logs' clicks (stages/judge/job.py)."""

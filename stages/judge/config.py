@@ -1,0 +1,22 @@
+"""The judge stage's settings: how clicks become grades, and how much traffic a grade needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import DssmError
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    # grade by clicks over expected examinations (Σ θ(rank) of the propensity stage's curve: the title's
+    # attractiveness under the position-based model); false: clicks over impressions (raw CTR)
+    debias: bool = True
+    min_shown: int = 3  # a title shown fewer times for a query is left out of its judged titles
+    min_impressions: int = 5  # a query with fewer impressions is left out
+    min_propensity: float = 0.05  # floor on θ(rank): a click deep down weighs at most 20 times one at rank 1
+
+
+def check_config(cfg: JudgeConfig) -> None:
+    if cfg.min_shown < 1 or cfg.min_impressions < 1 or not 0 < cfg.min_propensity <= 1:
+        raise DssmError("judge: need min_shown >= 1, min_impressions >= 1 and 0 < min_propensity <= 1")

@@ -1,0 +1,100 @@
+"""`dssm register`: each model an evaluation scored, logged as an MLflow model into its evaluation run
+and registered as a version of `dssm-DATASET` (the gate decides afterwards which version serves).
+
+Idempotent: a run whose model was already registered (a rerun after a crash between the registry
+write and the published output) keeps its version instead of registering a second one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from core.artifacts import code_fingerprint, publish, require_manifest
+from core.stopping import is_stop
+from core.tracking import client as mlflow_client
+from core.tracking import use_store
+from scoring.handoff import REGISTERED_FILE, Registrable, read_models, read_registered
+
+log = logging.getLogger(__name__)
+
+
+
+def register(evaluation: Path, out: Path, run_date: str = "", force: bool = False) -> dict[str, Any]:
+    """Register every model of `evaluation` (a `dssm evaluate` output) in its tracking store; writes
+    OUT/registered.json ({model, eval_key, evaluation, versions: [{system, version, model_uri, run_id,
+    metrics}]}). `run_date`: a windowed run's date, tagged on each version (the gate history's labels)."""
+    evaluated = require_manifest(Path(evaluation), "evaluate")
+    uri = evaluated["params"]["mlflow_uri"]
+    inputs = {"evaluation": {"path": str(evaluation), "sha256": evaluated["content_sha256"]}}
+    params = {"run_date": run_date, "mlflow_uri": uri}
+
+    def build(tmp: Path) -> dict[str, Any]:
+        from scoring.serving import registered_name
+
+        dataset, key, models = read_models(Path(evaluation))
+        name = registered_name(dataset)
+        versions = [_register_one(uri, name, m, run_date) for m in models]
+        doc = {"model": name, "eval_key": key, "evaluation": str(evaluation), "versions": versions}
+        (tmp / REGISTERED_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+        return {"counts": {"versions": len(versions)}}
+
+    code = code_fingerprint(__name__)
+    return publish(Path(out), "register", code, inputs, params, build, force, upstream=[evaluated])
+
+
+def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dict[str, Any]:
+    import mlflow
+
+    from scoring.serving import log_model
+
+    client = mlflow_client(uri)
+    tags = client.get_run(model.run_id).data.tags
+    version = tags.get("registered_version")
+    if version is not None and tags.get("registered_model") == name:  # registered before the output was published
+        log.info("%s v%s: already registered from run %s", name, version, model.run_id)
+        model_uri = tags["model_uri"]
+    else:
+        use_store(uri)
+        mlflow.start_run(run_id=model.run_id)  # the model is logged into the run that measured it
+        try:
+            partners = {k: Path(v) for k, v in model.partners.items()}
+            model_uri, version = log_model(Path(model.checkpoint), name, model.fusion, partners)
+            mlflow.set_tags({"model_uri": model_uri, "registered_model": name, "registered_version": version})
+        except BaseException as e:
+            mlflow.end_run("KILLED" if is_stop(e) else "FAILED")
+            raise
+        mlflow.end_run("FINISHED")
+        log.info("%s v%s: registered (%s)", name, version, model.system)
+    if run_date:
+        client.set_model_version_tag(name, version, "run_date", run_date)
+    return {
+        "system": model.system,
+        "version": version,
+        "model_uri": model_uri,
+        "run_id": model.run_id,
+        "metrics": model.metrics,
+    }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`dssm register`'s options."""
+    p.add_argument("--evaluation", type=Path, required=True, help="a `dssm evaluate` output (its models.json)")
+    p.add_argument("--out", type=Path, required=True, help="output directory (registered.json)")
+    p.add_argument("--run-date", default="", help="YYYY-MM-DD tagged on each version (a scheduled run's date)")
+    p.add_argument("--force", action="store_true", help="register again even if --out holds this registration")
+
+
+def command(args: argparse.Namespace) -> None:
+    """`dssm register`."""
+    manifest = register(args.evaluation, args.out, args.run_date, args.force)
+    doc = read_registered(args.out)
+    for v in doc["versions"]:
+        print(f"{doc['model']} v{v['version']} ({v['system']}): {v['model_uri']}")
+    if manifest["skipped"]:
+        print(f"{args.out} was up to date")
+    if doc["versions"]:
+        print(f"gate them: dssm gate --registered {args.out} --out GATE_DIR")
