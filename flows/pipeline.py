@@ -3,8 +3,8 @@
 PIPELINE is the single description of the flow: flows/retrain.py walks it (each entry a Prefect
 task), the progress bar counts it, `dssm run --help` lists it, report.json's stages follow its
 order, and tests/test_pipeline.py holds docs/architecture.md's stage table to it. A stage reads
-the outputs of stages before it by name, with `FirstOf(ARG, STAGES)` the output of the first of
-STAGES that ran (train's rows: the teacher's, else mine's, else the negatives'), and with
+the outputs of stages before it by name, with `TrainingRows()` the output of the last stage marked
+`trains_on` that ran (train's rows: the teacher's, else mine's, else the negatives'), and with
 `Earlier(NAME)` what stage NAME left in the work dir from an earlier run (e.g. last night's index,
 before this run's index stage rebuilds it). A stage runs unless its `when` finds nothing to do, or it
 is `optional` and the run config's `skip` names it: the one way to switch a stage off.
@@ -24,12 +24,13 @@ from core.stage import RunContext, StageOutput
 
 
 @dataclass(frozen=True)
-class FirstOf:
-    """The output of the first of `stages` that ran in this run, passed as `arg`: e.g. train's rows, the
-    teacher's lists when the teacher ran, else the mined negatives, else the sampled ones."""
+class TrainingRows:
+    """What the models train on: the output of the last stage before the reader that is marked
+    `trains_on` and ran this time (the teacher's lists, else the mined negatives, else the sampled ones),
+    passed as `arg`. A new stage whose rows the models should train on is marked `trains_on`; the
+    reader's entry does not change."""
 
-    arg: str
-    stages: tuple[str, ...]
+    arg: str = "rows"
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Stage:
     code: str | Callable[..., StageOutput | None]
     doc: str  # one line: what it makes (dssm run --help)
     section: str = ""  # the run config section that configures it (shown in --help)
-    reads: tuple[str | FirstOf | Earlier, ...] = ()  # earlier stages' outputs, passed by name
+    reads: tuple[str | TrainingRows | Earlier, ...] = ()  # earlier stages' outputs, passed by name
     when: Callable[[RunContext], bool] = _always  # whether its inputs and settings leave it anything to do
     unless: str = ""  # when it does not run (logged, and shown in --help)
     optional: bool = False  # a run switches it off by naming it in `skip` (the flags --no-index, --no-analyze)
@@ -170,7 +171,7 @@ PIPELINE: tuple[Stage, ...] = (
         "stages.train.stage",
         "one model per encoder of train.models (torchrun with train.nproc processes)",
         section="train",
-        reads=(FirstOf("rows", ("teacher", "mine", "negatives")), "vocab"),
+        reads=(TrainingRows(), "vocab"),
         each=lambda ctx: ctx.cfg.train.encoders(),
     ),
     Stage(
@@ -242,8 +243,8 @@ def check(pipeline: tuple[Stage, ...]) -> None:
                 raise ValueError(f"stage {s.name} reads Earlier({read.stage!r}), which has no one output directory")
             if isinstance(read, str) and read not in seen:
                 raise ValueError(f"stage {s.name} reads {read!r}, which does not run before it")
-            if isinstance(read, FirstOf) and not set(read.stages) <= set(seen):
-                raise ValueError(f"stage {s.name} reads one of {read.stages}, not all of which run before it")
+            if isinstance(read, TrainingRows) and not any(names[n].trains_on for n in seen):
+                raise ValueError(f"stage {s.name} reads the training rows, but no stage before it is trains_on")
         seen.append(s.name)
 
 
@@ -274,7 +275,7 @@ def walk(
             (log.warning if stage.warn_unless else log.info)("%s: not run (%s)", stage.name, stage.why_not(ctx))
             outputs[stage.name] = [] if stage.each else None
             continue
-        reads = {name: _read(read, outputs, ctx) for name, read in zip(stage.arg_names(), stage.reads, strict=True)}
+        reads = {name: _read(r, outputs, ctx, pipeline) for name, r in zip(stage.arg_names(), stage.reads, strict=True)}
         as_task = task(stage.run(), name=stage.name, **task_options(stage))
         if stage.each:
             outputs[stage.name] = []
@@ -288,11 +289,12 @@ def walk(
     return outputs
 
 
-def _read(read: str | FirstOf | Earlier, outputs: dict[str, Any], ctx: RunContext) -> Any:
+def _read(read: str | TrainingRows | Earlier, outputs: dict[str, Any], ctx: RunContext, pipeline: tuple) -> Any:
     if isinstance(read, Earlier):
         return StageOutput.left_by_earlier_run(read.stage, ctx.layout.output(read.stage))
-    if isinstance(read, FirstOf):
-        return next((outputs[name] for name in read.stages if outputs[name] is not None), None)
+    if isinstance(read, TrainingRows):
+        ran = [outputs[s.name] for s in pipeline if s.trains_on and outputs.get(s.name) is not None]
+        return ran[-1] if ran else None
     return outputs[read]
 
 
@@ -337,8 +339,8 @@ def describe(pipeline: tuple[Stage, ...] = PIPELINE) -> str:
     return "\n".join(lines)
 
 
-def _shown(read: str | FirstOf | Earlier) -> str:
-    return "|".join(read.stages) if isinstance(read, FirstOf) else read if isinstance(read, str) else read.arg
+def _shown(read: str | TrainingRows | Earlier) -> str:
+    return "rows (the last trains_on stage that ran)" if isinstance(read, TrainingRows) else getattr(read, "arg", read)
 
 
 check(PIPELINE)
