@@ -11,7 +11,7 @@ ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST := $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: run test test-fast lint bench table4 search-table gpu-bundle gpu-check stack-up stack-down clean-work
+.PHONY: run test test-durations test-fast lint bench table4 search-table gpu-bundle gpu-check stack-up stack-down clean-work
 
 # pip byte-compiles what it installs, and must: these machines set PYTHONDONTWRITEBYTECODE=1, so without
 # it every process compiles torch and the rest from source (tried: the suite took 1,572 s in place of 1,098 s)
@@ -34,6 +34,11 @@ run: $(READY)
 test: $(READY)
 	$(VENV)/bin/ruff check .
 	$(PYTEST) $(ARGS)
+
+## test-durations: the whole suite, recording each module's time in tests/durations.json (make test runs the
+## longest modules first by it); commit the file after a change that makes a module much longer or shorter
+test-durations: $(READY)
+	$(PYTEST) --record-durations tests/durations.json $(ARGS)
 
 ## test-fast: ruff, then the unit tests only (not those marked `integration`: real data, multi-process runs)
 test-fast: $(READY)

@@ -174,6 +174,16 @@ def load_run_config(
     cfg = apply(cfg, options or {})
     cfg = apply(cfg, parse_overrides(overrides or []))
     validate(cfg)
+    return settled(cfg)
+
+
+def settled(cfg: RunConfig) -> RunConfig:
+    """The rules between sections, applied once for the run so that each stage reads its own section only:
+    the gate compares what the evaluation measured, so a retrieval gate metric turns evaluate.retrieval on."""
+    from dataclasses import replace
+
+    if cfg.gate.metric != "ndcg@10" and not cfg.evaluate.retrieval:
+        return replace(cfg, evaluate=replace(cfg.evaluate, retrieval=True))
     return cfg
 
 

@@ -160,7 +160,7 @@ PIPELINE: tuple[Stage, ...] = (
         "stages.teacher.stage",
         "lists of hard candidates per train query scored by a teacher (BM25, MiniLM, the last index), to distil",
         section="teacher",
-        reads=("negatives", "clean", "mine", Earlier("index")),
+        reads=(TrainingRows(), "clean", Earlier("index")),
         when=lambda ctx: bool(ctx.cfg.teacher.scorers),
         unless="teacher.scorers empty",
         optional=True,

@@ -85,11 +85,12 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
-    from flows.config import validate
+    from flows.config import settled, validate
     from scoring.serving import read_gate
     from stages.evaluate.job import read_report
 
     validate(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
+    config = settled(config)
     logger = get_run_logger()
     ctx = context(config)
     done: list[dict] = []

@@ -14,21 +14,19 @@ SHARED_DATA = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().p
 HOME_DEPOT = SHARED_DATA / "homedepot-search-relevance" / "train.csv.zip"
 
 
-# The modules over a minute, longest first (their summed `--durations` in `make test`, 2026-11-27): with
-# `make test`'s two workers (pytest-xdist, a module per worker at a time) each takes the next one as it
-# finishes one, the many short modules fill in last, and neither is left alone with a long one at the end.
-# xdist would otherwise hand out the modules with the most tests first (pytest_configure turns that off).
-LONGEST_FIRST = (
-    "test_flows.py",  # 589 s
-    "test_stack.py",  # 571 s
-    "test_table4.py",  # 385 s
-    "test_training.py",  # 215 s
-    "test_negatives.py",  # 145 s
-    "test_judge.py",  # 144 s
-    "test_clean.py",  # 140 s
-    "test_stages.py",  # 122 s
-    "test_stopping.py",  # 108 s
-)
+# Each module's summed test time in the last `make test-durations` run (setup, call and teardown of its tests):
+# with `make test`'s two workers (pytest-xdist, a module per worker at a time) each takes the next longest as it
+# finishes one, the many short modules fill in last, and neither is left alone with a long one at the end. xdist
+# would otherwise hand out the modules with the most tests first (pytest_configure turns that off).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each module's summed test time to PATH (tests/durations.json orders `make test`'s modules)",
+    )
 
 
 def pytest_configure(config):
@@ -42,7 +40,7 @@ def pytest_configure(config):
     import tempfile
 
     if getattr(config.option, "loadscopereorder", False):
-        config.option.loadscopereorder = False  # the controller hands out modules in LONGEST_FIRST's order
+        config.option.loadscopereorder = False  # the controller hands out modules in DURATIONS' order
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if worker and 1 < count <= len(cpus):
@@ -61,9 +59,38 @@ def pytest_configure(config):
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
+def recorded_durations() -> dict[str, float]:
+    import json
+
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}  # no record (or a broken one): collection order
+
+
 def pytest_collection_modifyitems(config, items):
-    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
+    """The longest modules first, by their recorded time; a module not recorded yet goes after them."""
+    seconds = recorded_durations()
+    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))  # stable: a module's tests keep their order
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """On the controller, every test's phases as the workers report them (and in a run without workers)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        _measured[module] = _measured.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--record-durations", None)
+    if path and not os.environ.get("PYTEST_XDIST_WORKER") and _measured:
+        import json
+
+        ordered = dict(sorted(((m, round(s, 1)) for m, s in _measured.items()), key=lambda kv: -kv[1]))
+        Path(path).write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 def pytest_unconfigure(config):

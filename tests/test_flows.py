@@ -2,6 +2,7 @@
 real training and MLflow; a run killed mid-training resumes; a failing stage fails the flow run."""
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -51,9 +52,21 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.integration
-def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, capsys, caplog, monkeypatch):
-    work = tmp_path / "w"
+class Recorded(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def resumed(spark, tmp_path_factory) -> dict:
+    """A default `dssm run` SIGKILLed mid-training, then run again to the end in this process: its work
+    dir, its arguments, what it printed and logged, and its report. The tests below read it; those that
+    run the flow again on it say what they change, each on top of the last."""
+    work = tmp_path_factory.mktemp("resumed") / "w"
     # Enough steps that the kill lands mid-training; a checkpoint every 10 steps.
     train = [*TINY_TRAIN, "epochs=20", "checkpoint_every=10", "eval_every=1000"]
     args = ["run", "--workdir", str(work), *TINY_RUN, "--train", *train]
@@ -66,24 +79,43 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     try:
         wait_for(work / "train" / "lstm" / "last.pt", proc)
         helpers = psutil.Process(proc.pid).children(recursive=True)  # the ephemeral Prefect server among them
-        assert helpers
         os.kill(proc.pid, signal.SIGKILL)  # the main pid only: its guardian ends the helpers
         proc.wait()
         _, orphans = psutil.wait_procs(helpers, timeout=30)
-        assert not orphans, [" ".join(p.cmdline()[:4]) for p in orphans]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert not (work / "eval").exists() and not (work / "report.json").exists()
+    killed = {"helpers": len(helpers), "orphans": [" ".join(p.cmdline()[:4]) for p in orphans]}
+    killed["left"] = [p.name for p in (work / "eval", work / "report.json") if p.exists()]
 
-    caplog.set_level(logging.INFO)
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    resumed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming from step")]
-    assert len(resumed) == 1 and int(resumed[0].split()[3]) >= 10
-
+    recorded, root = Recorded(), logging.getLogger()
+    level, printed = root.level, io.StringIO()
+    root.addHandler(recorded)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = main(args)
+    finally:
+        root.removeHandler(recorded)
+        root.setLevel(level)
+    assert code == 0
     summary = json.loads((work / "report.json").read_text())
+    return {"work": work, "args": args, "killed": killed, "out": printed.getvalue(), "logged": recorded.messages,
+            "summary": summary, "stages": {s["stage"]: s for s in summary["pipeline"]["stages"]}}  # fmt: skip
+
+
+def skipped_stages(work: Path) -> dict[str, bool]:
+    return {s["stage"]: s["skipped"] for s in json.loads((work / "report.json").read_text())["pipeline"]["stages"]}
+
+
+@pytest.mark.integration
+def test_a_killed_run_leaves_no_process_behind_and_resumes_from_its_checkpoint(resumed):
+    killed, summary, stages = resumed["killed"], resumed["summary"], resumed["stages"]
+    assert killed["helpers"] and killed["orphans"] == [] and killed["left"] == []
+    logged = resumed["logged"]
+    resumed_at = [m for m in logged if m.startswith("resuming from step")]
+    assert len(resumed_at) == 1 and int(resumed_at[0].split()[3]) >= 10
     default_systems = {"bm25", "minilm", "lstm", "lstm+bm25", "lstm+bm25+minilm"}  # the default fusions' systems
     assert set(summary["systems"]) == default_systems and summary["eval_queries"] > 0  # PROTOCOL.md §6
     # retrieval from the whole catalogue (PROTOCOL.md §8) beside re-ranking, in the report and the printed table
@@ -92,7 +124,6 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert retrieval["queries"] == summary["eval_queries"]
     measured = {"ndcg@10", "recall@1000", "judged@10", "condensed_ndcg@10", "p_vs_bm25"}
     assert set(retrieval["systems"]["lstm"]) >= measured
-    stages = {s["stage"]: s for s in summary["pipeline"]["stages"]}
     assert list(stages) == [
         "simulate",
         "clean",
@@ -107,14 +138,20 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
         "analyze",
     ]
     assert all(stages[s]["skipped"] for s in ["simulate", "clean", "propensity", "vocab", "negatives"])
-    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training lstm: ")]
+    planned = [m for m in logged if m.startswith("training lstm: ")]
     assert not stages["train"]["skipped"] and stages["train"]["counts"]["steps"] == int(planned[0].split()[2])
+    out, work = resumed["out"], resumed["work"]
     assert "| lstm |" in out and f"report: {work / 'report.json'}" in out
     assert "Retrieval from the whole catalogue" in out
     assert flow_run(summary["pipeline"]["flow_run_id"]).state.is_completed()
 
+
+@pytest.mark.integration
+def test_the_resumed_run_logs_one_parent_run_registers_gates_indexes_and_analyzes(resumed, tmp_path, capsys):
     import mlflow
 
+    work, summary, stages = resumed["work"], resumed["summary"], resumed["stages"]
+    retrieval = summary["retrieval"]
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")
     # one parent run for the flow: the resumed flow run continued the killed one's, every run under it
@@ -160,6 +197,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     assert mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue-retriever", "champion")
     assert (work / "index" / "bm25").is_dir() == (champion != "1")  # a hybrid champion also retrieves with BM25
     assert (work / "index" / "component-2.faiss").is_file() == (champion == "3")  # and MiniLM's own vectors
+    capsys.readouterr()
     assert main(["search", "cordless drill", "-k", "3", "--workdir", str(work)]) == 0
     assert f"dssm-default-catalogue v{champion}" in capsys.readouterr().out
     # the analyze stage's report is an artifact of the training run
@@ -176,16 +214,23 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     logged_bias = {a.path for a in mlflow.MlflowClient().list_artifacts(train_run, "propensity")}
     assert "propensity/propensity.png" in logged_bias
 
-    def skipped_stages() -> dict[str, bool]:
-        return {s["stage"]: s["skipped"] for s in json.loads((work / "report.json").read_text())["pipeline"]["stages"]}
+
+@pytest.mark.integration
+def test_a_damaged_manifest_recomputes_its_stage_and_a_code_edit_everything_after(resumed, monkeypatch):
+    import mlflow
+
+    work, args = resumed["work"], resumed["args"]
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    before = len(mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list"))
+    champion = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version
 
     # An unreadable manifest means "not up to date": that stage is recomputed (same bytes: the rest is skipped).
     (work / "simulate" / "manifest.json").write_text("{ garbage")
     assert main(args) == 0
-    assert [stage for stage, skipped in skipped_stages().items() if not skipped] == ["simulate"]
+    assert [stage for stage, skipped in skipped_stages(work).items() if not skipped] == ["simulate"]
     # it made no MLflow run, so it left no parent run either
     assert json.loads((work / "report.json").read_text())["pipeline"]["mlflow_parent_run_id"] is None
-    assert len(mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")) == len(runs) + 1
+    assert len(mlflow.search_runs(experiment_names=["default-catalogue"], output_format="list")) == before
 
     # An edit to the negatives stage's code: it and everything downstream recompute, upstream is skipped.
     import core.artifacts
@@ -193,9 +238,9 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     real = core.artifacts.module_sha256
     monkeypatch.setattr(core.artifacts, "module_sha256", lambda m: "edited" if m == "stages.negatives.job" else real(m))
     assert main(args) == 0
-    skipped = skipped_stages()
+    skipped = skipped_stages(work)
     now = mlflow.MlflowClient().get_model_version_by_alias("dssm-default-catalogue", "champion").version
-    assert skipped.pop("index") == (str(now) == champion)  # the index is rebuilt only for a new champion
+    assert skipped.pop("index") == (str(now) == str(champion))  # the index is rebuilt only for a new champion
     assert skipped == {
         "simulate": True,
         "clean": True,
@@ -210,7 +255,7 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     }
     # a new flow run, finished: its own parent with its new training and evaluation runs under it
     second = json.loads((work / "report.json").read_text())["pipeline"]["mlflow_parent_run_id"]
-    assert second and second != parent.info.run_id
+    assert second and second != resumed["summary"]["pipeline"]["mlflow_parent_run_id"]
     nested = mlflow.search_runs(
         experiment_names=["default-catalogue"],
         filter_string=f"tags.`mlflow.parentRunId` = '{second}'",
@@ -232,54 +277,65 @@ def test_run_killed_mid_training_resumes_and_logs_everything(spark, tmp_path, ca
     } <= set(lstm_eval.data.metrics)
     assert lstm_eval.data.metrics["valid_loss"] == lstm_train.data.metrics["valid_loss"]
 
-    # The runs below check what reaches training: they train 3 epochs and evaluate the model against BM25 alone
-    # (no hybrid, no catalogue retrieval, no index or analysis), which the runs above checked
-    base = [*args[: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]
-    base += ["evaluate.hybrid=false", "evaluate.retrieval=false", "gate.metric=ndcg@10"]
-    short = [*TINY_TRAIN, "epochs=3", "checkpoint_every=10", "eval_every=1000"]
 
+def short_runs(resumed: dict) -> tuple[list[str], list[str]]:
+    """What reaches training, checked on runs that train 3 epochs and evaluate the model against BM25 alone
+    (no hybrid, no catalogue retrieval, no index or analysis, which the resumed run checked)."""
+    base = [*resumed["args"][: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]
+    base += ["evaluate.hybrid=false", "evaluate.retrieval=false", "gate.metric=ndcg@10"]
+    return base, [*TINY_TRAIN, "epochs=3", "checkpoint_every=10", "eval_every=1000"]
+
+
+@pytest.mark.integration
+def test_debiased_mined_and_distilled_rows_reach_training(resumed):
+    from modeling.checkpoint import read_checkpoint
+
+    work, stages = resumed["work"], resumed["stages"]
+    base, short = short_runs(resumed)
     # Debiased training: the propensity stage's curve reaches the negatives, which the training run weighs by
-    monkeypatch.undo()
     debiased = [*base, "negatives.debias=true", "negatives.list_size=10"]
     debiased += ["--train", *short, "loss.pair_weight=log_ipw", "loss.listwise=0.5"]
     assert main(debiased) == 0
     built = json.loads((work / "negatives" / "manifest.json").read_text())
     assert built["inputs"]["propensity"]["path"] == str(work / "propensity") and built["counts"]["listwise_queries"]
-    assert {s: k for s, k in skipped_stages().items() if s in ("propensity", "negatives", "train")} == {
+    assert {s: k for s, k in skipped_stages(work).items() if s in ("propensity", "negatives", "train")} == {
         "propensity": True,
         "negatives": False,
         "train": False,
     }
 
-    # Mining: the mine stage reads the index the run before left and the model trains on its rows
-    assert main([*base, "mine.hard=0.5", "--train", *short]) == 0
+    # Mining and distillation in one run (tests/test_pipeline.py: train reads the last of them that ran). The mine
+    # stage reads the index the runs before left; the teacher stage lists each train query's hard candidates
+    # (BM25's and that index's) with the titles clicked for it, among the mined rows, scored by a teacher (BM25
+    # and that index's model, z-scores fused); the model trains on them with the listwise loss beside eq. (5)
+    taught = [*base, "mine.hard=0.5", "teacher.scorers=[bm25,index]", "--train", *short, "loss.listwise=0.5"]
+    assert main(taught) == 0
     mined = json.loads((work / "mined" / "manifest.json").read_text())
     assert mined["source_used"] == "index" and mined["inputs"]["index"]["path"] == str(work / "index")
-    assert mined["counts"]["mined_negatives"] > 0 and not skipped_stages()["mine"]
-    from modeling.checkpoint import read_checkpoint
-
-    trained_on = read_checkpoint(work / "train" / "lstm" / "last.pt")["config"]["data"]["negatives"]
-    assert Path(trained_on) == work / "mined"
-
-    # Distillation: the teacher stage lists each train query's hard candidates (BM25's and those of the index
-    # the run before left) with the titles clicked for it, scored by a teacher (BM25 and that index's model,
-    # z-scores fused); the model trains on them with the listwise loss beside eq. (5)
-    assert main([*base, "teacher.scorers=[bm25,index]", "--train", *short, "loss.listwise=0.5"]) == 0
-    taught = json.loads((work / "teacher" / "manifest.json").read_text())
-    assert taught["inputs"]["index"]["path"] == str(work / "index") and taught["params"]["list_size"] == 20
-    assert taught["counts"]["lists"] == stages["negatives"]["counts"]["train_queries"]
-    assert taught["counts"]["clicked_in_lists"] >= taught["counts"]["lists"]  # every query's clicks are in its list
-    assert not skipped_stages()["teacher"]
+    assert mined["counts"]["mined_negatives"] > 0 and not skipped_stages(work)["mine"]
+    teacher = json.loads((work / "teacher" / "manifest.json").read_text())
+    assert teacher["inputs"]["index"]["path"] == str(work / "index") and teacher["params"]["list_size"] == 20
+    assert Path(teacher["inputs"]["negatives"]["path"]) == work / "mined"
+    assert teacher["counts"]["lists"] == stages["negatives"]["counts"]["train_queries"]
+    assert teacher["counts"]["clicked_in_lists"] >= teacher["counts"]["lists"]  # every query's clicks in its list
+    assert not skipped_stages(work)["teacher"]
     state = read_checkpoint(work / "train" / "lstm" / "last.pt")
     assert Path(state["config"]["data"]["negatives"]) == work / "teacher" and state["config"]["loss"]["listwise"] == 0.5
 
-    # The transformer encoder in the flow: a tiny random BERT (CI's stand-in for all-MiniLM-L6-v2) trained beside
-    # the LSTM-RNN, fused with BM25 and the bundled MiniLM, every model and hybrid registered and gated; any
-    # version indexes (its dense partners embedded on Spark too) and `dssm search` serves it
+
+@pytest.mark.integration
+def test_the_transformer_trains_beside_the_lstm_rnn_and_any_version_indexes(resumed, tmp_path, capsys):
+    """A tiny random BERT (CI's stand-in for all-MiniLM-L6-v2) trained beside the LSTM-RNN, fused with BM25 and
+    the bundled MiniLM, every model and hybrid registered and gated; any version indexes (its dense partners
+    embedded on Spark too) and `dssm search` serves it."""
+    from modeling.checkpoint import read_checkpoint
+
+    work, stages = resumed["work"], resumed["stages"]
+    _, short = short_runs(resumed)
     tiny_bert = "train.per_encoder.minilm=[model.pretrained=false,model.max_tokens=16,model.train_layers=1,epochs=2,"
     tiny_bert += "data.batch_size=32]"
     fusions = "evaluate.fusions=[MODEL+bm25,MODEL+bm25+minilm]"
-    full = [*args[: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]  # every hybrid and retrieval: the default
+    full = [*resumed["args"][: 3 + len(TINY_RUN)], "--no-index", "--no-analyze"]  # every hybrid and retrieval
     assert main([*full, "train.models=[lstm,minilm]", tiny_bert, fusions, "--train", *short]) == 0
     report = json.loads((work / "report.json").read_text())
     wanted = {"minilm", "minilm-ft", "minilm-ft+bm25", "minilm-ft+bm25+minilm", "lstm+bm25", "lstm+bm25+minilm"}

@@ -11,7 +11,7 @@ import pytest
 from core.layout import Layout
 from core.stage import RunContext, StageOutput, run_data_stage
 from flows.config import RunConfig, load_run_config
-from flows.pipeline import PIPELINE, Earlier, Stage, check, describe, planned, walk
+from flows.pipeline import PIPELINE, Earlier, Stage, TrainingRows, _read, check, describe, planned, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +62,26 @@ def test_the_progress_total_counts_what_will_run(tmp_path):
     assert planned(PIPELINE, ingest) == len(PIPELINE) - 1 + 1
     judged = context(tmp_path, f"logs={tmp_path}", f"judgments.path={tmp_path}", *every)
     assert planned(PIPELINE, judged) == len(PIPELINE) - 2  # a judged set given: neither simulate nor judge
+    # `skip` switches optional stages off, and only those
+    assert planned(PIPELINE, context(tmp_path, *every, "skip=[teacher,index,analyze]")) == len(PIPELINE) - 4
+    with pytest.raises(Exception, match="train cannot be skipped; the optional stages: mine, teacher, index"):
+        context(tmp_path, "skip=[train]")
+
+
+def test_the_models_train_on_the_last_stage_marked_trains_on_that_ran(tmp_path):
+    """train (and the teacher, which refines the rows it is given) reads TrainingRows(): the teacher's
+    lists when the teacher ran, else the mined negatives, else the sampled ones."""
+    reads = {s.name: s.reads for s in PIPELINE}
+    assert TrainingRows() in reads["train"] and TrainingRows() in reads["teacher"]
+    assert [s.name for s in PIPELINE if s.trains_on] == ["negatives", "mine", "teacher"]
+    ctx = context(tmp_path)
+    out = {name: StageOutput(name, f"/{name}", name, False, 0.0) for name in ("negatives", "mine", "teacher")}
+    ran = {"negatives": out["negatives"], "mine": out["mine"], "teacher": out["teacher"]}
+    assert _read(TrainingRows(), ran, ctx, PIPELINE).stage == "teacher"
+    assert _read(TrainingRows(), ran | {"teacher": None}, ctx, PIPELINE).stage == "mine"
+    assert _read(TrainingRows(), ran | {"teacher": None, "mine": None}, ctx, PIPELINE).stage == "negatives"
+    with pytest.raises(ValueError, match="no stage before it is trains_on"):
+        check((Stage("a", lambda ctx: None, "", reads=(TrainingRows(),)),))
 
 
 def test_a_stage_reads_only_earlier_stages_or_what_an_earlier_run_left():

@@ -229,3 +229,12 @@ def test_the_committed_run_configs_load():
     for deployment in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
         cfg = load_run_config(as_yaml(deployment["parameters"]["config"]))
         assert cfg.train.epochs == 10 and cfg.train.loss.pair_weight == "log_clicks"
+
+
+def test_a_retrieval_gate_turns_the_evaluations_retrieval_on():
+    """The gate compares what the evaluation measured: the flow settles that between the sections, so the
+    evaluate stage reads its own section only."""
+    from flows.config import load_run_config
+
+    assert load_run_config(None, ["evaluate.retrieval=false"]).evaluate.retrieval is True  # the gate's default metric
+    assert load_run_config(None, ["evaluate.retrieval=false", "gate.metric=ndcg@10"]).evaluate.retrieval is False

@@ -98,52 +98,78 @@ def champion_is_the_best(client, name: str) -> tuple[str, float]:
     return champion.version, measured[champion.version]
 
 
-def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
-    spark, default_pairs, pipeline, postgres_url, tmp_path, capsys
-):
-    cfg = stack.StackConfig(
-        root=tmp_path / "stack",
-        prefect_port=free_port(),
-        mlflow_port=free_port(),
-        spark_port=free_port(),
-        spark_ui_port=free_port(),
-        spark_worker_ui_port=free_port(),
-        database=postgres_url,
-    )
-    state = stack.up(cfg, progress=lambda _: None)
-    serve = cluster_clean = None
-    try:
-        assert stack.status(cfg.root) == {n: True for n in ["mlflow", "prefect", "spark-master", "spark-worker"]}
-        # both servers keep their state in their own database on the PostgreSQL server, none in sqlite
-        assert state["database"] == stack.database_record(cfg) and state["database"]["kind"] == "postgresql"
-        assert not list((cfg.root / "mlflow").glob("*.db")) and not list((cfg.root / "prefect").glob("*.db"))
-        # no store URL (a password) in any command line of the stack: `ps` shows those to every local user
-        stores = database.service_urls(postgres_url).values()
-        for service in state["services"].values():
-            for proc in [psutil.Process(service["pid"]), *psutil.Process(service["pid"]).children(recursive=True)]:
-                try:
-                    shown = " ".join(proc.cmdline())
-                except psutil.Error:  # a child that ended (or a zombie) meanwhile shows nothing
-                    continue
-                assert not [url for url in stores if url in shown], proc.cmdline()[:3]
-        from dssm.cli import main
+@pytest.fixture(scope="module")
+def pg_stack(tmp_path_factory) -> Iterator[dict]:
+    """`dssm stack up` with its state in a fresh PostgreSQL database (skipped where none answers): the
+    config, what up returned, the environment a command run against it gets, and a scratch dir. The tests
+    below use it in turn; the last takes it down. Whatever is still up at the end is taken down."""
+    from conftest import postgres_database
 
-        capsys.readouterr()
-        assert (
-            main(["stack", "status", "--dir", str(cfg.root)]) == 0
-            and main(["stack", "env", "--dir", str(cfg.root)]) == 0
+    root = tmp_path_factory.mktemp("pg-stack")
+    with postgres_database() as url:
+        cfg = stack.StackConfig(
+            root=root / "stack",
+            prefect_port=free_port(),
+            mlflow_port=free_port(),
+            spark_port=free_port(),
+            spark_ui_port=free_port(),
+            spark_worker_ui_port=free_port(),
+            database=url,
         )
-        said = capsys.readouterr().out
-        names = stack.database_record(cfg)
-        assert f"PostgreSQL {postgres_url}: MLflow in database {names['mlflow']}, Prefect in {names['prefect']}" in said
-        assert "database      answers" in said and "# database: PostgreSQL" in said
+        state = stack.up(cfg, progress=lambda _: None)
         env = {**os.environ, **stack.environment(state["urls"]), "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
         # the scheduled run's Spark app may wait for the worker's cores behind the v2 clean below (~1 min)
         env[NO_EXECUTOR_TIMEOUT_ENV] = "600"
-        work, log = tmp_path / "w", tmp_path / "schedule.log"
-        cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
-        cmd += ["--workdir", str(work), "--logs", str(pipeline["simulate"]), "--judgments", str(DEFAULT_CATALOGUE)]
-        cmd += [*ONE_HYBRID, "--train", "data.batch_size=64", "epochs=2", "model.ncell=16", "--no-analyze"]
+        try:
+            yield {"cfg": cfg, "state": state, "env": env, "url": url, "tmp": root}
+        finally:
+            if stack.status(cfg.root):
+                stack.down(cfg.root, progress=lambda _: None)
+
+
+def test_the_stack_keeps_its_state_in_postgresql_and_no_password_in_a_command_line(pg_stack, capsys):
+    cfg, state, postgres_url = pg_stack["cfg"], pg_stack["state"], pg_stack["url"]
+    assert stack.status(cfg.root) == {n: True for n in ["mlflow", "prefect", "spark-master", "spark-worker"]}
+    # both servers keep their state in their own database on the PostgreSQL server, none in sqlite
+    assert state["database"] == stack.database_record(cfg) and state["database"]["kind"] == "postgresql"
+    assert not list((cfg.root / "mlflow").glob("*.db")) and not list((cfg.root / "prefect").glob("*.db"))
+    # no store URL (a password) in any command line of the stack: `ps` shows those to every local user
+    stores = database.service_urls(postgres_url).values()
+    for service in state["services"].values():
+        for proc in [psutil.Process(service["pid"]), *psutil.Process(service["pid"]).children(recursive=True)]:
+            try:
+                shown = " ".join(proc.cmdline())
+            except psutil.Error:  # a child that ended (or a zombie) meanwhile shows nothing
+                continue
+            assert not [url for url in stores if url in shown], proc.cmdline()[:3]
+    from dssm.cli import main
+
+    capsys.readouterr()
+    assert main(["stack", "status", "--dir", str(cfg.root)]) == 0
+    assert main(["stack", "env", "--dir", str(cfg.root)]) == 0
+    said = capsys.readouterr().out
+    names = stack.database_record(cfg)
+    assert f"PostgreSQL {postgres_url}: MLflow in database {names['mlflow']}, Prefect in {names['prefect']}" in said
+    assert "database      answers" in said and "# database: PostgreSQL" in said
+    assert_no_other_origin_or_host(cfg)  # the servers as `dssm stack up` starts them
+
+
+@pytest.fixture(scope="module")
+def scheduled(pg_stack, spark, default_pairs, pipeline) -> dict:
+    """`dssm schedule` of a cron deployment on the stack, until the Prefect server has scheduled a run and it
+    completed; meanwhile (the schedule waits for its minute, up to 60 s) a v2 log (doc ids, titles in the
+    catalogue side table, the vectorised parser on the executors) is cleaned on the cluster and locally."""
+    from stages.clean.job import clean
+    from stages.simulate.config import SimulationConfig
+    from stages.simulate.job import simulate
+
+    state, env, tmp = pg_stack["state"], pg_stack["env"], pg_stack["tmp"]
+    work, log = tmp / "w", tmp / "schedule.log"
+    cmd = [sys.executable, "-m", "dssm.cli", "schedule", "--cron", "* * * * *", "--name", "ci-nightly"]
+    cmd += ["--workdir", str(work), "--logs", str(pipeline["simulate"]), "--judgments", str(DEFAULT_CATALOGUE)]
+    cmd += [*ONE_HYBRID, "--train", "data.batch_size=64", "epochs=2", "model.ncell=16", "--no-analyze"]
+    serve = cluster_clean = None
+    try:
         with open(log, "w") as out:
             serve = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         api = state["urls"]["prefect"]
@@ -153,26 +179,16 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
             return found[0] if found else None
 
         registered = wait_until("deployment registered", deployment, 120, serve, log)
-        assert [s["schedule"]["cron"] for s in registered["schedules"] if s["active"]] == ["* * * * *"]
-        assert registered["parameters"]["config"]["workdir"] == str(work)  # one parameter, the run config
 
-        assert_no_other_origin_or_host(cfg)  # the servers as `dssm stack up` starts them, while the schedule waits
-
-        # While the schedule waits for its minute (an idle core, up to 60 s), a v2 log (doc ids, titles in the
-        # catalogue side table, the vectorised parser on the executors) is cleaned on the cluster and locally
-        from stages.clean.job import clean
-        from stages.simulate.config import SimulationConfig
-        from stages.simulate.job import simulate
-
-        v2 = tmp_path / "simulate-v2"
+        v2 = tmp / "simulate-v2"
         sim = SimulationConfig(impressions=5_000, shards=2, workers=1, log_format=2)
         simulate(default_pairs, v2, sim, {"path": "default", "sha256": "default"})
         on_cluster = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(v2)]
-        on_cluster += ["--out", str(tmp_path / "clean-v2"), "--master", state["urls"]["spark"]]
-        cluster_log = tmp_path / "clean-v2.log"  # a file, not a pipe that nobody reads while the schedule runs
+        on_cluster += ["--out", str(tmp / "clean-v2"), "--master", state["urls"]["spark"]]
+        cluster_log = tmp / "clean-v2.log"  # a file, not a pipe that nobody reads while the schedule runs
         with open(cluster_log, "w") as out:
             cluster_clean = subprocess.Popen(on_cluster, env=env, stdout=out, stderr=subprocess.STDOUT)
-        local = clean(spark, str(v2), tmp_path / "clean-v2-local")
+        local = clean(spark, str(v2), tmp / "clean-v2-local")
 
         def finished_run():
             runs = post(f"{api}/flow_runs/filter", {"deployments": {"id": {"any_": [registered["id"]]}}})
@@ -182,119 +198,137 @@ def test_scheduled_and_concurrent_runs_on_the_local_stack_on_postgresql(
 
         # a few minutes alone; 420s was overrun on 2 cores at load 11-16 (other jobs), before and after --database
         run = wait_until("a scheduled run completed", finished_run, 900, serve, log)
-        assert cluster_clean.wait(300) == 0, cluster_log.read_text()[-2000:]
-        assert read_manifest(tmp_path / "clean-v2")["counts"] == local["counts"]
-        assert_same_rows(tmp_path / "clean-v2", tmp_path / "clean-v2-local")
+        cleaned = cluster_clean.wait(300)
         stop(serve)  # Ctrl-C: the schedule pauses; no second scheduled run starts beside what follows
         serve = None
-        assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
-
-        report = json.loads((work / "report.json").read_text())
-        assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {
-            "bm25",
-            "lstm",
-            "lstm+bm25",
-        }
-        assert [s["stage"] for s in report["pipeline"]["stages"]] == [
-            "clean",
-            "propensity",
-            "vocab",
-            "negatives",
-            "train",
-            "evaluate",
-            "register",
-            "gate",
-            "index",
-        ]
-        # the data stages and the index's embedding UDF ran on the stack's Spark master ...
-        with urllib.request.urlopen(f"{state['urls']['spark_ui']}/json/") as response:
-            spark_state = json.loads(response.read())
-        assert "dssm-run" in [app["name"] for app in spark_state["completedapps"] + spark_state["activeapps"]]
-        # the same counts and rows, in the same order, as the local[2] run of the session pipeline
-        # (compressed bytes may differ between JVM set-ups; a rerun on one set-up is byte-identical)
-        assert read_manifest(work / "clean")["counts"] == read_manifest(pipeline["clean"])["counts"]
-        assert_same_rows(work / "clean", pipeline["clean"])
-        # ... and every run went to the stack's MLflow server
-        import mlflow
-
-        client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
-        experiment = client.get_experiment_by_name(report["dataset"])
-        runs = client.search_runs([experiment.experiment_id])
-        parent = report["pipeline"]["mlflow_parent_run_id"]  # the flow run's own run, the others nested under it
-        assert [r.info.run_id for r in runs if r.data.tags.get("kind") == "flow"] == [parent]
-        runs = [r for r in runs if r.info.run_id != parent]
-        assert all(r.data.tags["mlflow.parentRunId"] == parent for r in runs)
-        assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm", "lstm+bm25"]
-        assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
-        champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
-        retriever = client.get_model_version_by_alias(f"dssm-{report['dataset']}-retriever", "champion")
-        assert champion.tags["retriever_version"] == f"dssm-{report['dataset']}-retriever/{retriever.version}"
-        from infra.database import connect, parse
-
-        with connect(parse(postgres_url), stack.database_record(cfg)["mlflow"]) as conn:  # the runs are in PostgreSQL
-            active = conn.execute("SELECT count(*) FROM runs WHERE lifecycle_stage = 'active'").fetchone()[0]
-            assert active == len(runs) + 1  # and the parent
-
-        # Two `dssm run` at once against the same servers and registered model: copies of the scheduled
-        # run's work dir (its data stages are up to date there), each training another seed (seconds).
-        runs_env = {k: v for k, v in env.items() if k != "PREFECT_RUNNER_POLL_FREQUENCY"}
-        dssm, train, procs = (
-            [sys.executable, "-m", "dssm.cli"],
-            ["data.batch_size=64", "epochs=2", "model.ncell=16"],
-            {},
-        )
-        for seed in (2, 3):
-            copy = tmp_path / f"c{seed}"
-            shutil.copytree(work, copy, ignore=shutil.ignore_patterns(".lock", "report.json"))
-            argv = ["run", "--workdir", str(copy), "--logs", str(pipeline["simulate"]), "--judgments"]
-            argv += [str(DEFAULT_CATALOGUE), *ONE_HYBRID, "--no-analyze", "--no-index"]
-            argv += ["--train", *train, f"seed={seed}"]
-            out = subprocess.PIPE
-            procs[seed] = subprocess.Popen(
-                [*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True
-            )
-        try:
-            outputs = {seed: proc.communicate(timeout=420)[0] for seed, proc in procs.items()}
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        for seed, proc in procs.items():
-            assert proc.returncode == 0, outputs[seed][-3000:]
-        reports = [json.loads((tmp_path / f"c{seed}" / "report.json").read_text()) for seed in procs]
-        for r in reports:  # only training, evaluation, register and gate ran, each a flow run on the Prefect server
-            stages = {s["stage"]: s for s in r["pipeline"]["stages"]}
-            assert [n for n, s in stages.items() if not s["skipped"]] == ["train", "evaluate", "register", "gate"]
-            flow_runs = post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [r["pipeline"]["flow_run_id"]]}}})
-            assert [f["state_type"] for f in flow_runs] == ["COMPLETED"]
-        gates = [g for r in reports for g in r["gate"]]
-        assert len(gates) == 4 and len({g["version"] for g in gates}) == 4  # lstm and lstm+bm25 of each run
-        version, best = champion_is_the_best(client, f"dssm-{report['dataset']}")
-        assert version in {champion.version} | {g["version"] for g in gates if g["promoted"]}
-        assert best >= max(g["ndcg10"] for g in gates)
-        trained = client.search_runs([experiment.experiment_id], "tags.system = 'lstm'")
-        assert len(trained) == len([r for r in runs if r.data.tags["system"] == "lstm"]) + 4  # 2 train + 2 eval runs
-
-        # A cluster that loses its workers: the job waiting for executors fails within the bound, saying why.
-        os.killpg(state["services"]["spark-worker"]["pid"], signal.SIGKILL)
-        started = time.monotonic()
-        lost = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(pipeline["simulate"])]
-        lost += ["--out", str(tmp_path / "lost"), "--master", state["urls"]["spark"]]
-        lost_env = {**os.environ, NO_EXECUTOR_TIMEOUT_ENV: "5"}
-        proc = subprocess.run(lost, env=lost_env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 2 and "has had no executors for 5s" in proc.stderr, proc.stderr[-2000:]
-        assert time.monotonic() - started < 120 and not (tmp_path / "lost").exists()
     finally:
         if serve is not None:
             stop(serve)
         if cluster_clean is not None and cluster_clean.poll() is None:
             cluster_clean.kill()
             cluster_clean.wait()
-        said_down: list[str] = []
-        stopped = stack.down(cfg.root, progress=said_down.append)
+    return {"work": work, "run": run, "registered": registered, "api": api, "local_v2": local["counts"],
+            "cluster_v2": (cleaned, cluster_log.read_text()[-2000:]), "v2": tmp}  # fmt: skip
+
+
+def test_a_v2_log_cleans_on_the_cluster_to_the_rows_it_cleans_to_locally(scheduled):
+    code, said = scheduled["cluster_v2"]
+    assert code == 0, said
+    tmp = scheduled["v2"]
+    assert read_manifest(tmp / "clean-v2")["counts"] == scheduled["local_v2"]
+    assert_same_rows(tmp / "clean-v2", tmp / "clean-v2-local")
+
+
+def test_the_scheduled_run_ran_on_the_stacks_spark_and_logged_to_its_mlflow(pg_stack, scheduled, pipeline):
+    state, cfg = pg_stack["state"], pg_stack["cfg"]
+    work, run, registered = scheduled["work"], scheduled["run"], scheduled["registered"]
+    assert [s["schedule"]["cron"] for s in registered["schedules"] if s["active"]] == ["* * * * *"]
+    assert registered["parameters"]["config"]["workdir"] == str(work)  # one parameter, the run config
+    assert run["auto_scheduled"] and run["parameters"]["config"]["workdir"] == str(work)
+    report = json.loads((work / "report.json").read_text())
+    assert report["pipeline"]["flow_run_id"] == run["id"] and set(report["systems"]) == {"bm25", "lstm", "lstm+bm25"}
+    assert [s["stage"] for s in report["pipeline"]["stages"]] == [
+        "clean",
+        "propensity",
+        "vocab",
+        "negatives",
+        "train",
+        "evaluate",
+        "register",
+        "gate",
+        "index",
+    ]
+    # the data stages and the index's embedding UDF ran on the stack's Spark master ...
+    with urllib.request.urlopen(f"{state['urls']['spark_ui']}/json/") as response:
+        spark_state = json.loads(response.read())
+    assert "dssm-run" in [app["name"] for app in spark_state["completedapps"] + spark_state["activeapps"]]
+    # the same counts and rows, in the same order, as the local[2] run of the session pipeline
+    # (compressed bytes may differ between JVM set-ups; a rerun on one set-up is byte-identical)
+    assert read_manifest(work / "clean")["counts"] == read_manifest(pipeline["clean"])["counts"]
+    assert_same_rows(work / "clean", pipeline["clean"])
+    # ... and every run went to the stack's MLflow server
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
+    experiment = client.get_experiment_by_name(report["dataset"])
+    runs = client.search_runs([experiment.experiment_id])
+    parent = report["pipeline"]["mlflow_parent_run_id"]  # the flow run's own run, the others nested under it
+    assert [r.info.run_id for r in runs if r.data.tags.get("kind") == "flow"] == [parent]
+    runs = [r for r in runs if r.info.run_id != parent]
+    assert all(r.data.tags["mlflow.parentRunId"] == parent for r in runs)
+    assert sorted(r.data.tags["system"] for r in runs) == ["bm25", "lstm", "lstm", "lstm+bm25"]
+    assert report["systems"]["lstm"]["mlflow_run_id"] in {r.info.run_id for r in runs}
+    champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
+    retriever = client.get_model_version_by_alias(f"dssm-{report['dataset']}-retriever", "champion")
+    assert champion.tags["retriever_version"] == f"dssm-{report['dataset']}-retriever/{retriever.version}"
+    from infra.database import connect, parse
+
+    with connect(parse(pg_stack["url"]), stack.database_record(cfg)["mlflow"]) as conn:  # the runs are in PostgreSQL
+        active = conn.execute("SELECT count(*) FROM runs WHERE lifecycle_stage = 'active'").fetchone()[0]
+        assert active == len(runs) + 1  # and the parent
+
+
+def test_two_runs_at_once_on_the_same_servers_leave_the_champion_on_the_best_version(pg_stack, scheduled, pipeline):
+    """Copies of the scheduled run's work dir (its data stages are up to date there), each training another
+    seed (seconds), run at once against the same servers and registered model."""
+    import mlflow
+
+    state, api, tmp = pg_stack["state"], scheduled["api"], pg_stack["tmp"]
+    report = json.loads((scheduled["work"] / "report.json").read_text())
+    client = mlflow.MlflowClient(tracking_uri=state["urls"]["mlflow"])
+    experiment = client.get_experiment_by_name(report["dataset"])
+    champion = client.get_model_version_by_alias(f"dssm-{report['dataset']}", "champion")
+    lstm_runs = len(client.search_runs([experiment.experiment_id], "tags.system = 'lstm'"))
+    runs_env = {k: v for k, v in pg_stack["env"].items() if k != "PREFECT_RUNNER_POLL_FREQUENCY"}
+    dssm, train, procs = [sys.executable, "-m", "dssm.cli"], ["data.batch_size=64", "epochs=2", "model.ncell=16"], {}
+    for seed in (2, 3):
+        copy = tmp / f"c{seed}"
+        shutil.copytree(scheduled["work"], copy, ignore=shutil.ignore_patterns(".lock", "report.json"))
+        argv = ["run", "--workdir", str(copy), "--logs", str(pipeline["simulate"]), "--judgments"]
+        argv += [str(DEFAULT_CATALOGUE), *ONE_HYBRID, "--no-analyze", "--no-index"]
+        argv += ["--train", *train, f"seed={seed}"]
+        out = subprocess.PIPE
+        procs[seed] = subprocess.Popen([*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        outputs = {seed: proc.communicate(timeout=420)[0] for seed, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for seed, proc in procs.items():
+        assert proc.returncode == 0, outputs[seed][-3000:]
+    reports = [json.loads((tmp / f"c{seed}" / "report.json").read_text()) for seed in procs]
+    for r in reports:  # only training, evaluation, register and gate ran, each a flow run on the Prefect server
+        stages = {s["stage"]: s for s in r["pipeline"]["stages"]}
+        assert [n for n, s in stages.items() if not s["skipped"]] == ["train", "evaluate", "register", "gate"]
+        flow_runs = post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": [r["pipeline"]["flow_run_id"]]}}})
+        assert [f["state_type"] for f in flow_runs] == ["COMPLETED"]
+    gates = [g for r in reports for g in r["gate"]]
+    assert len(gates) == 4 and len({g["version"] for g in gates}) == 4  # lstm and lstm+bm25 of each run
+    version, best = champion_is_the_best(client, f"dssm-{report['dataset']}")
+    assert version in {champion.version} | {g["version"] for g in gates if g["promoted"]}
+    assert best >= max(g["ndcg10"] for g in gates)
+    trained = client.search_runs([experiment.experiment_id], "tags.system = 'lstm'")
+    assert len(trained) == lstm_runs + 4  # 2 train + 2 eval runs
+
+
+def test_a_cluster_that_lost_its_workers_fails_a_job_within_the_bound_and_the_stack_stops(pg_stack, pipeline):
+    """The job waiting for executors fails within the bound, saying why; then `dssm stack down` ends each
+    service still up (the worker was killed) on SIGTERM, as a scheduler stops it, within seconds."""
+    cfg, state, tmp = pg_stack["cfg"], pg_stack["state"], pg_stack["tmp"]
+    os.killpg(state["services"]["spark-worker"]["pid"], signal.SIGKILL)
+    started = time.monotonic()
+    lost = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(pipeline["simulate"])]
+    lost += ["--out", str(tmp / "lost"), "--master", state["urls"]["spark"]]
+    lost_env = {**os.environ, NO_EXECUTOR_TIMEOUT_ENV: "5"}
+    proc = subprocess.run(lost, env=lost_env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "has had no executors for 5s" in proc.stderr, proc.stderr[-2000:]
+    assert time.monotonic() - started < 120 and not (tmp / "lost").exists()
+
+    said_down: list[str] = []
+    stopped = stack.down(cfg.root, progress=said_down.append)
     assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
-    # each service still up (the worker was killed above) ends on SIGTERM, as a scheduler stops it, within seconds
     seconds = [float(line.split(" by SIGTERM in ")[1].split()[0]) for line in said_down if " by SIGTERM in " in line]
     assert len(seconds) == 3 and max(seconds) < 10, said_down
     assert stack.status(cfg.root) == {}

@@ -22,7 +22,6 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     judged = judged_set(ctx.judged, judge.path if judge else None)
     checkpoints = [t.path for t in train]
     settings = EvaluateSettings(**field_values(section, EvaluateSettings))
-    settings.retrieval = settings.retrieval or ctx.cfg.gate.metric != "ndcg@10"  # the gate compares what it measured
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:

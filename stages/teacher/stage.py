@@ -10,16 +10,14 @@ from core.stage import RunContext, StageOutput, run_data_stage
 
 def run(
     ctx: RunContext,
-    negatives: StageOutput,
+    rows: StageOutput,
     clean: StageOutput,
-    mine: StageOutput | None,
     earlier_index: StageOutput | None,
 ) -> StageOutput:
-    """The training rows (mined ones when the mine stage ran) with one teacher list per train query:
-    candidates from BM25 and the index an earlier run left, scored by the teacher."""
+    """The training rows (the pipeline hands the mined ones when the mine stage ran) with one teacher list
+    per train query: candidates from BM25 and the index an earlier run left, scored by the teacher."""
     from stages.teacher.job import teacher
 
-    rows = mine or negatives
     index = Path(earlier_index.path) if earlier_index is not None else None
 
     def build() -> dict[str, Any]:
