@@ -169,8 +169,15 @@ def resolve_judged_set(
     chosen = Path(path) if path else Path(default)
     if not chosen.is_file():
         raise DssmError(f"judged set not found: {chosen}")
-    name = dataset_name(chosen) if path else default_name
-    return JudgedSet(str(chosen), spec, sha256_file(chosen), name, embedded=not path)
+    sha256 = sha256_file(chosen)
+    # the embedded set given by its file name (or a copy of it) is the embedded set: one name, one registered model
+    embedded = not path or sha256 == _embedded_sha256()
+    return JudgedSet(str(chosen), spec, sha256, default_name if embedded else dataset_name(chosen), embedded)
+
+
+@cache
+def _embedded_sha256() -> str:
+    return sha256_file(DEFAULT_CATALOGUE) if DEFAULT_CATALOGUE.is_file() else ""
 
 
 # The judged set the judge stage grades from a run's clicks: every stage that evaluates reads it.

@@ -169,3 +169,22 @@ def check_parquet(path: Path, schema: pa.Schema) -> None:
                 name = column.path_in_schema
                 if name in {schema[i].name for i in required} and stats is not None and stats.null_count:
                     raise DssmError(f"{file}: column {name} has {stats.null_count} nulls; the contract forbids them")
+
+
+def title_pool(path: Path) -> Path:
+    """The clean stage's title pool at `path`: its `titles/` folder, given as such or as the clean output
+    that holds it."""
+    path = Path(path)
+    return path / "titles" if (path / "titles").is_dir() and not any(path.glob("*.parquet")) else path
+
+
+def read_titles(path: Path) -> list[str]:
+    """The `title` column of a title pool (a clean output or its `titles/`), or a clear error naming `path`."""
+    pool = title_pool(path)
+    if not pool.exists():
+        raise DssmError(f"{path}: not found (give a `dssm clean` output or its titles/)")
+    try:
+        return pq.read_table(pool, columns=["title"]).column("title").to_pylist()
+    except (OSError, pa.ArrowException, KeyError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DssmError(f"{path}: not a title pool ({reason}); give a `dssm clean` output or its titles/") from None

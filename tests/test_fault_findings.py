@@ -119,3 +119,35 @@ def test_a_champion_that_is_no_dssm_model_is_replaced_by_the_gate_with_a_warning
     assert client.get_model_version_by_alias("dssm-tiny", "champion").version == new
     assert any("v1 cannot be scored" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert not marker.exists()
+
+
+def test_register_refuses_an_evaluation_damaged_without_changing_a_files_size(tmp_path):
+    """Issue 63's probe: `dssm register` checked the evaluation's files by size only, so a same-size edit of
+    its report.json passed. What is registered is read from those files: they are hashed now."""
+    from core.artifacts import write_manifest
+    from core.errors import DssmError
+    from stages.register.job import register
+
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    (evaluation / "report.json").write_text('{"systems": {"lstm": {"ndcg@10": 0.5}}}\n')
+    write_manifest(evaluation, {"stage": "evaluate", "params": {"mlflow_uri": f"sqlite:///{tmp_path}/m.db"}})
+    report = (evaluation / "report.json").read_text()
+    (evaluation / "report.json").write_text(report.replace("0.5", "0.9"))  # the same size
+    with pytest.raises(DssmError, match=r"report.json is not the file this output was built with"):
+        register(evaluation, tmp_path / "registered")
+    assert not (tmp_path / "registered").exists()
+
+
+def test_the_training_docs_say_which_loaders_unpickle_a_registered_model():
+    """Issue 63's probe: docs/training.md said `--model models:/…` unpickles a pyfunc model; dssm's loaders
+    read its files (scoring.serving.logged_files), and only MLflow's own loaders unpickle it."""
+    import inspect
+
+    from scoring import serving
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    paragraph = docs[docs.index("A registered\npyfunc model") :].split("\n\n")[0]
+    assert "never from its `python_model.pkl`" in paragraph and "`scoring.serving.logged_files`" in paragraph
+    assert "`mlflow models serve`, `mlflow.pyfunc.load_model`) do unpickle" in paragraph
+    assert "never loaded" in inspect.getdoc(serving.logged_files)

@@ -62,3 +62,23 @@ def test_a_damaged_zip_is_named_as_such_not_as_a_bad_label(tmp_path):
     with pytest.raises(DssmError, match="the zip is damaged"):
         read_judgments(bad)
     assert len(read_judgments(good)) > 1000
+
+
+def test_the_embedded_set_given_by_its_file_name_is_the_embedded_set(tmp_path):
+    """Issue 63's probe: `dssm evaluate --judgments dssm/data/default_catalogue.csv` named it
+    data-default_catalogue, so registering its models made a second registered model (and champion)
+    beside the run's dssm-default-catalogue. By its file name, or as a copy, it is the same set."""
+    import shutil
+
+    from core.judgments import DEFAULT_CATALOGUE, resolve_judged_set
+
+    run = resolve_judged_set(None, default=DEFAULT_CATALOGUE)
+    by_name = resolve_judged_set(DEFAULT_CATALOGUE)
+    shutil.copy(DEFAULT_CATALOGUE, tmp_path / "catalogue.csv")
+    copied = resolve_judged_set(tmp_path / "catalogue.csv")
+    assert run.name == by_name.name == copied.name == "default-catalogue"
+    assert by_name.embedded and copied.sha256 == run.sha256
+    other = tmp_path / "other" / "judged.csv"
+    other.parent.mkdir()
+    other.write_text("search_term,product_title,relevance\ndrill,cordless drill,3\n")
+    assert resolve_judged_set(other).name == "other-judged"

@@ -76,3 +76,31 @@ def read_counts(path):
     from core.artifacts import read_manifest
 
     return read_manifest(path)["counts"]
+
+
+def test_logs_without_a_click_get_a_clear_error_not_a_flat_curve(spark, pipeline, tmp_path):
+    """Issue 63's probe: from impressions with no click, EM returned its starting point, a flat curve, and
+    `dssm propensity` wrote it as if measured. It now refuses, naming the impressions, and writes nothing."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.artifacts import read_manifest, write_manifest
+    from core.errors import DssmError
+    from stages.propensity.job import propensity
+
+    clean = tmp_path / "clean"
+    shutil.copytree(pipeline["clean"], clean)
+    for path in sorted((clean / "impressions").rglob("*.parquet")):
+        table = pq.read_table(path)
+        clicked = table.schema.field("clicked")
+        no_clicks = pa.array([[False] * len(r) for r in table.column("clicked").to_pylist()], clicked.type)
+        table = table.set_column(table.schema.get_field_index("clicked"), clicked, no_clicks)
+        pq.write_table(table, path)
+    manifest = read_manifest(pipeline["clean"])
+    kept = {k: v for k, v in manifest.items() if k not in ("created_at", "content_sha256", "files", "file_sha256")}
+    write_manifest(clean, kept)
+    with pytest.raises(DssmError, match=r"impressions .* hold no click"):
+        propensity(spark, clean, tmp_path / "propensity")
+    assert not (tmp_path / "propensity").exists()

@@ -77,3 +77,26 @@ def test_a_teacher_config_names_known_rankers():
 def _flat(column) -> list[str]:
     values = column.to_pylist()
     return [t for v in values for t in (v if isinstance(v, list) else [v])]
+
+
+def test_the_title_pool_may_be_given_as_the_clean_output_and_anything_else_is_named(tiny_data, tmp_path):
+    """Issue 63's probe: `dssm teacher --titles CLEAN_DIR` (the clean output, not its titles/) failed with a
+    bare Arrow error naming no path. A clean output is read as its titles/; a folder that holds no title
+    pool is refused naming it."""
+    from core.errors import DssmError
+    from core.schemas import read_titles
+
+    clean = tmp_path / "clean"
+    (clean / "titles").mkdir(parents=True)
+    pq.write_table(pa.table({"title": ["cordless drill", "claw hammer"]}), clean / "titles" / "part-0.parquet")
+    (clean / "manifest.json").write_text("{}")
+    assert read_titles(clean) == read_titles(clean / "titles") == ["cordless drill", "claw hammer"]
+    cfg = TeacherConfig(scorers=["bm25"], sources=["bm25"], depth=2)
+    manifest = teacher(tiny_data / "negatives", clean, None, tmp_path / "teacher", cfg)
+    assert manifest["inputs"]["titles"]["path"] == str(clean / "titles")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "notes.txt").write_text("not parquet")
+    for wrong in (garbage, tmp_path / "missing"):
+        with pytest.raises(DssmError, match=f"{wrong}: not"):
+            teacher(tiny_data / "negatives", wrong, None, tmp_path / "t2", cfg)

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from core.artifacts import code_fingerprint, content_sha256, publish, require_manifest
 from core.config import check_choices
 from core.errors import DssmError
-from core.schemas import NEGATIVES
+from core.schemas import NEGATIVES, title_pool
 from stages.mine.config import MineConfig
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def open_ranker(index_dir: Path | None, titles_dir: Path, source: str) -> Ranker
 
         titles = read_titles(index_dir)
     else:
-        titles = pq.read_table(titles_dir, columns=["title"]).column("title").to_pylist()
+        titles = read_titles(titles_dir)
     return Ranker(titles, "bm25", bm25=CatalogueBM25(titles))
 
 
@@ -138,6 +138,7 @@ def mine(
 ) -> dict[str, Any]:
     """Write `negatives_dir`'s rows with mined negatives into `out` (train/ mined, valid/ as is)."""
     upstream = require_manifest(negatives_dir, "negatives")
+    titles_dir = title_pool(titles_dir)
     check_choices(cfg)
     if not 0 < cfg.hard <= 1 or not 1 <= cfg.min_rank <= cfg.max_rank or not 0 <= cfg.relative_margin < 1:
         raise DssmError("need 0 < hard <= 1, 1 <= min_rank <= max_rank and 0 <= relative_margin < 1")

@@ -164,6 +164,12 @@ def propensity(spark, clean_dir: Path, out: Path, cfg: PropensityConfig = Propen
 
     def build(tmp: Path) -> dict[str, Any]:
         cells, impressions = rank_cells(spark, clean_dir / "impressions", cfg.max_rank)
+        if not int(cells.clicks.sum()):  # EM would return its starting point, a flat curve, as if it were measured
+            raise DssmError(
+                f"propensity: the {impressions:,} impressions of {clean_dir / 'impressions'} (train queries) hold "
+                "no click, so they say nothing about which ranks are examined; check that the logs' click field "
+                "is read (docs/raw-log-format.md)"
+            )
         curve = estimate(cells, cfg.max_rank, cfg.iterations, cfg.tolerance, cfg.min_shown)
         curve = {"method": "em-pbm", "impressions": impressions, "cells": len(cells.rank), **curve}
         eta = simulated_truth(clean_dir)

@@ -27,7 +27,8 @@ def register(evaluation: Path, out: Path, run_date: str = "", force: bool = Fals
     """Register every model of `evaluation` (a `dssm evaluate` output) in its tracking store; writes
     OUT/registered.json ({model, eval_key, evaluation, versions: [{system, version, model_uri, run_id,
     metrics}]}). `run_date`: a windowed run's date, tagged on each version (the gate history's labels)."""
-    evaluated = require_manifest(Path(evaluation), "evaluate")
+    # every file hashed, not just sized: what is registered is read from them (a same-size edit must not pass)
+    evaluated = require_manifest(Path(evaluation), "evaluate", content=True)
     uri = evaluated["params"]["mlflow_uri"]
     inputs = {"evaluation": {"path": str(evaluation), "sha256": evaluated["content_sha256"]}}
     params = {"run_date": run_date, "mlflow_uri": uri}

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from core.artifacts import code_fingerprint, content_sha256, publish, require_manifest, sha256_file
 from core.errors import DssmError
-from core.schemas import NEGATIVES
+from core.schemas import NEGATIVES, read_titles, title_pool
 from stages.teacher.config import CHECKPOINT, TeacherConfig, check_config
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ def teacher(
     if not cfg.scorers:
         raise DssmError("teacher: no scorers (teacher.scorers=[bm25,minilm] or the like)")
     upstream = require_manifest(negatives_dir, "negatives")
+    titles_dir = title_pool(titles_dir)
+    pool = read_titles(titles_dir)  # before the build: a wrong --titles fails at once, naming the path
     inputs = {k: v for k, v in upstream.get("inputs", {}).items() if k == "clean"}
     inputs["negatives"] = {"path": str(negatives_dir), "sha256": upstream["content_sha256"]}
     inputs["titles"] = {"path": str(titles_dir), "sha256": content_sha256(Path(titles_dir))}
@@ -163,8 +165,7 @@ def teacher(
 
     def build(tmp: Path) -> dict[str, Any]:
         started = time.perf_counter()
-        titles = pq.read_table(titles_dir, columns=["title"]).column("title").to_pylist()
-        rankers = Rankers(titles, index_dir if uses_index else None)
+        rankers = Rankers(pool, index_dir if uses_index else None)
         scorers = [s for s in cfg.scorers if rankers.available(s)]
         weights = [w for s, w in zip(cfg.scorers, cfg.weights or [1.0] * len(cfg.scorers), strict=True) if s in scorers]
         sources = [s for s in cfg.sources if rankers.available(s)]
