@@ -112,7 +112,7 @@ def phase_smoke(args: argparse.Namespace, report: dict) -> list[str]:
     for encoder in args.encoders:
         spec = ENCODERS[encoder]
         keys = [f"model.encoder={encoder}", f"device={args.device}", "log_every=1", "eval_every=1000"]
-        keys += ["checkpoint_every=1000", "data.max_valid_rows=512", "epochs=100"]
+        keys += ["checkpoint_every=1000", "checkpoint_seconds=0", "data.max_valid_rows=512", "epochs=100"]
         if spec.transformer:
             keys += ["model.pretrained=false", "model.max_tokens=16", "model.ncell=64"]
         resumed = encoder in RESUMED  # the others build their batches in the step: no worker process to start
@@ -136,7 +136,13 @@ def phase_smoke(args: argparse.Namespace, report: dict) -> list[str]:
     return lines
 
 
-BENCH_KEYS = ["eval_every=1000000", "checkpoint_every=1000000", "epochs=1000", "data.max_valid_rows=512"]
+BENCH_KEYS = [
+    "eval_every=1000000",
+    "checkpoint_every=1000000",
+    "checkpoint_seconds=0",
+    "epochs=1000",
+    "data.max_valid_rows=512",
+]
 
 
 def phase_throughput(args: argparse.Namespace, report: dict) -> list[str]:

@@ -109,6 +109,7 @@ def run(label: str, nproc: int, batch_size: int, args: argparse.Namespace, vocab
         f"log_every={args.window}",
         "eval_every=1000000",
         "checkpoint_every=1000000",
+        "checkpoint_seconds=0",
         "data.max_valid_rows=1024",  # the final validation is outside the rate; kept short (a transformer's on a CPU)
         f"data.batch_size={batch_size}",
         f"device={args.device}",

@@ -88,6 +88,9 @@ class TrainSettings:
     log_every: int = 20  # training loss and throughput to MLflow every K steps
     eval_every: int = 200  # validation loss every K steps and at the end
     checkpoint_every: int = 200  # a checkpoint every K steps (a killed run resumes from the last)
+    # ... and when this many seconds of training passed since the last one (0: by steps only), so that a stop
+    # never loses more; with several ranks rank 0's clock decides at each log_every step
+    checkpoint_seconds: float = 60.0
     keep_checkpoints: int = 2  # step-* checkpoints kept besides last.pt
     threads: int = 0  # torch threads per rank (0: CPUs / ranks)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is visible
@@ -172,6 +175,8 @@ def validate(cfg: TrainSettings) -> None:
 
     check_choices(cfg)
     m, o = cfg.model, cfg.optim
+    if not math.isfinite(cfg.checkpoint_seconds) or cfg.checkpoint_seconds < 0:
+        raise DssmError("checkpoint_seconds must be a number >= 0 (0: checkpoints by steps only)")
     if not math.isfinite(o.lr) or o.lr <= 0 or not math.isfinite(o.adamw_lr) or o.adamw_lr <= 0:
         raise DssmError("optim.lr and optim.adamw_lr must be positive numbers")
     if m.encoder not in ENCODERS:

@@ -40,6 +40,7 @@ from modeling.distributed import (
     device_kind,
     fixed_bytes_sent,
     init_distributed,
+    main_says,
     mean_over_ranks,
     pick_device,
 )
@@ -190,7 +191,8 @@ def setup(
 
 def loop(run: Run) -> dict[str, Any]:
     """Steps `run.step`+1 … `run.total`: log every `log_every`, validate every `eval_every`, checkpoint
-    every `checkpoint_every` and at the end; returns `train`'s summary."""
+    every `checkpoint_every` steps or `checkpoint_seconds` of training and at the end; returns `train`'s
+    summary."""
     from tqdm import tqdm
 
     cfg, step = run.cfg, run.step
@@ -209,6 +211,7 @@ def loop(run: Run) -> dict[str, Any]:
     on_gpu = run.device.type == "cuda"
     ahead = cfg.data.encode_in == "process" or (cfg.data.encode_in == "auto" and on_gpu)
     workers = (LOADERS_ON_GPU if on_gpu else 1) if ahead else 0
+    saved_at = time.monotonic()
     try:
         for batch in run.batches.steps(step, run.total, workers=workers, pin=on_gpu):
             step += 1
@@ -221,8 +224,9 @@ def loop(run: Run) -> dict[str, Any]:
                 logged[1:] = [(time.perf_counter(), step)]
             if step % cfg.eval_every == 0 and step != run.total:
                 val = validate(run, step)
-            if step % cfg.checkpoint_every == 0 and step != run.total:
+            if step != run.total and (step % cfg.checkpoint_every == 0 or due_by_time(run, step, saved_at)):
                 checkpoint(run, step, val)
+                saved_at = time.monotonic()
         val = validate(run, step)
         checkpoint(run, step, val)
         status = "FINISHED"
@@ -363,6 +367,15 @@ def validate(run: Run, step: int) -> float | None:
     if val is not None:
         run.tracker.metrics({"valid_loss": val}, step)
     return val
+
+
+def due_by_time(run: Run, step: int, saved_at: float) -> bool:
+    """Whether `checkpoint_seconds` of training passed since the last checkpoint. Alone, every step asks the
+    clock; with several ranks, rank 0's clock decides at each `log_every` step (one small broadcast then)."""
+    every = run.cfg.checkpoint_seconds
+    if every <= 0 or (run.d.world > 1 and step % run.cfg.log_every):
+        return False
+    return main_says(time.monotonic() - saved_at >= every, run.d, run.device)
 
 
 def checkpoint(run: Run, step: int, val: float | None) -> None:

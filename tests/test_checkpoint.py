@@ -222,3 +222,19 @@ def test_a_half_precision_slim_checkpoint_keeps_a_shared_towers_tensors_once(tin
     for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=name)
+
+
+def test_checkpoints_come_by_time_when_steps_would_not(tiny_data, tmp_path):
+    """`checkpoint_seconds`: a checkpoint once that much training time passed since the last, whatever
+    `checkpoint_every` says; 0 turns the clock off (only the final checkpoint here)."""
+    from conftest import tiny_model
+
+    from modeling.checkpoint import read_checkpoint
+
+    by_steps = "checkpoint_every=1000000"
+    timed = tiny_model(tiny_data, tmp_path / "timed", "epochs=3", by_steps, "checkpoint_seconds=1e-9")
+    steps = sorted(read_checkpoint(p)["step"] for p in timed.glob("step-*.pt"))
+    final = read_checkpoint(timed / "last.pt")["step"]
+    assert len(steps) >= 2 and steps[-1] == final and steps[-2] == final - 1  # every step was due by the clock
+    untimed = tiny_model(tiny_data, tmp_path / "untimed", "epochs=3", by_steps, "checkpoint_seconds=0")
+    assert [read_checkpoint(p)["step"] for p in untimed.glob("step-*.pt")] == [final]

@@ -35,9 +35,11 @@ def stop(proc: subprocess.Popen, group: bool) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.integration)])
-def test_sigterm_stops_a_training_that_resumes_from_its_checkpoint(tiny_data, tmp_path, nproc):
-    """nproc=2: the signal reaches torchrun and both ranks (modeling/launch.py's stop_group); none is left."""
+@pytest.mark.integration
+def test_sigterm_stops_a_training_of_two_ranks_that_resumes_from_its_checkpoint(tiny_data, tmp_path):
+    """The signal reaches torchrun and both ranks (modeling/launch.py's stop_group); none is left. (One
+    process: test_a_sigterm_after_90_s_of_training_resumes_from_a_checkpoint_under_a_minute_old.)"""
+    nproc = 2
     import mlflow
 
     data = tmp_path / "data"
@@ -167,3 +169,42 @@ def test_signals_stop_works_where_stderr_is_no_file(capsys):
     with signals_stop():
         assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.integration
+def test_a_sigterm_after_90_s_of_training_resumes_from_a_checkpoint_under_a_minute_old(pipeline, tmp_path):
+    """Checkpoints come by time as well as by steps (`checkpoint_seconds`, 60 by default): a stop never
+    loses more than a minute of training. Here steps alone would never checkpoint (checkpoint_every is out
+    of reach), so the checkpoint the run resumes from is the clock's. The run stops within seconds, its
+    MLflow run KILLED, and `--resume` continues that run."""
+    import mlflow
+
+    from modeling.checkpoint import newest_checkpoint
+
+    out, store = tmp_path / "run", f"sqlite:///{tmp_path}/train.db"
+    args = [sys.executable, "-m", "dssm.cli", "train", f"data.negatives={pipeline['negatives']}"]
+    args += [f"data.vocab={pipeline['vocab']}", "epochs=100000", "checkpoint_every=100000000", "eval_every=100000000"]
+    args += [f"out={out}", f"mlflow_uri={store}"]
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while "training lstm: " not in (tmp_path / "stderr").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-2000:]
+            time.sleep(0.5)
+        time.sleep(90)
+        sent = time.time()
+        seconds = stop(proc, group=False)
+    stderr = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM and seconds < BAR_SECONDS, (seconds, stderr[-2000:])
+    assert "dssm train: stopped by SIGTERM" in stderr
+    path, state = newest_checkpoint(out)
+    assert sent - path.stat().st_mtime < 60, (path, sent - path.stat().st_mtime)
+    assert state["step"] % 100000000 != 0 and state["step"] > 0  # the clock's checkpoint, not a step count's
+    client = mlflow.MlflowClient(store)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    more = [f"max_steps={state['step'] + 5}", "--resume", "--on-change", "resume"]
+    resumed = subprocess.run([*args, *more], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from step {state['step']}" in resumed.stderr
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the same MLflow run, continued
