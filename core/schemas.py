@@ -178,7 +178,7 @@ def title_pool(path: Path) -> Path:
     return path / "titles" if (path / "titles").is_dir() and not any(path.glob("*.parquet")) else path
 
 
-def read_titles(path: Path) -> list[str]:
+def read_title_pool(path: Path) -> list[str]:
     """The `title` column of a title pool (a clean output or its `titles/`), or a clear error naming `path`."""
     pool = title_pool(path)
     if not pool.exists():

@@ -85,6 +85,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
+    from core.artifacts import read_manifest
     from flows.config import settled, validate
     from scoring.serving import read_gate
     from stages.evaluate.job import read_report
@@ -132,6 +133,8 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                     report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
                     report |= {"skipped": True} if evaluated.skipped else {}
                     report |= {"gate": read_gate(Path(gated.path))} if gated is not None else {}
+                    trend = (read_manifest(Path(gated.path)) or {}).get("trend") if gated is not None else None
+                    report |= {"gate_trend": trend} if trend else {}
                 kept = drop_if_empty(ctx.mlflow_uri, parent, new)
                 summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
                 if kept:

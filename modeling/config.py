@@ -89,7 +89,7 @@ class TrainSettings:
     eval_every: int = 200  # validation loss every K steps and at the end
     checkpoint_every: int = 200  # a checkpoint every K steps (a killed run resumes from the last)
     # ... and when this many seconds of training passed since the last one (0: by steps only), so that a stop
-    # never loses more; with several ranks rank 0's clock decides at each log_every step
+    # never loses more; with several ranks rank 0's clock decides at each log_every step (in the loss's all-reduce)
     checkpoint_seconds: float = 60.0
     keep_checkpoints: int = 2  # step-* checkpoints kept besides last.pt
     threads: int = 0  # torch threads per rank (0: CPUs / ranks)

@@ -73,21 +73,12 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
-def main_says(flag: bool, d: Dist, device: torch.device) -> bool:
-    """Rank 0's `flag`, on every rank: a decision its clock makes (a checkpoint is due) that all ranks must share."""
-    if d.world == 1:
-        return flag
-    value = torch.tensor(float(flag), device=device)
-    dist.broadcast(value, src=0)
-    return bool(value.item())
-
-
-def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
+def summed_over_ranks(value: torch.Tensor, d: Dist) -> torch.Tensor:
     if d.world > 1:
         value = value.clone()
         dist.all_reduce(value)
-        value /= d.world
-    return float(value)
+    return value
+
 
 
 def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:

@@ -40,9 +40,8 @@ from modeling.distributed import (
     device_kind,
     fixed_bytes_sent,
     init_distributed,
-    main_says,
-    mean_over_ranks,
     pick_device,
+    summed_over_ranks,
 )
 from modeling.encoders import ENCODERS, tokenizer_for
 from modeling.hashing import Vocab
@@ -218,13 +217,16 @@ def loop(run: Run) -> dict[str, Any]:
             loss, penalty, norm, mu = train_step(run, batch, step)
             window.add(loss)
             bar.update(1)
+            clock_due = run.d.world == 1 and overdue(cfg, saved_at)  # alone, the clock is asked every step
             if step % cfg.log_every == 0 or step == run.total:
-                train_loss, rate = window.log(run, step, {"momentum": mu, "grad_norm": norm}, penalty)
+                values = {"momentum": mu, "grad_norm": norm}
+                train_loss, rate, agreed = window.log(run, step, values, penalty, overdue(cfg, saved_at))
+                clock_due = clock_due or agreed
                 bar.set_postfix(loss=f"{train_loss:.4f}", ex_s=f"{rate:,.0f}")
                 logged[1:] = [(time.perf_counter(), step)]
             if step % cfg.eval_every == 0 and step != run.total:
                 val = validate(run, step)
-            if step != run.total and (step % cfg.checkpoint_every == 0 or due_by_time(run, step, saved_at)):
+            if step != run.total and (step % cfg.checkpoint_every == 0 or clock_due):
                 checkpoint(run, step, val)
                 saved_at = time.monotonic()
         val = validate(run, step)
@@ -334,11 +336,17 @@ class Window:
         self.loss += loss.detach()
         self.steps += 1
 
-    def log(self, run: Run, step: int, values: dict[str, float], penalty: torch.Tensor | None) -> tuple[float, float]:
+    def log(
+        self, run: Run, step: int, values: dict[str, float], penalty: torch.Tensor | None, overdue: bool = False
+    ) -> tuple[float, float, bool]:
         """Log the window's mean training loss (over ranks), throughput and `values`; start a new
-        window. Returns the loss and the examples per second."""
+        window. Returns the loss, the examples per second and whether rank 0 finds a checkpoint overdue:
+        its vote rides in the loss's all-reduce, so every rank checkpoints at the same step with no
+        collective of its own (a stop between two collectives could leave a rank waiting in one)."""
         cfg, d, rows = run.cfg, run.d, run.rows
-        train_loss = mean_over_ranks(self.loss / self.steps, d)
+        vote = torch.tensor(float(overdue and d.main), device=self.loss.device)
+        summed = summed_over_ranks(torch.stack([self.loss / self.steps, vote.to(self.loss.dtype)]), d)
+        train_loss, agreed = float(summed[0]) / d.world, bool(summed[1] > 0)
         rate = self.steps * cfg.data.batch_size / (time.perf_counter() - self.start)
         values = {"train_loss": train_loss, "train_examples_per_s": rate, **values}
         if penalty is not None:  # train_loss is the objective alone, comparable with valid_loss
@@ -350,7 +358,7 @@ class Window:
         run.tracker.metrics(values, step)
         self.loss.zero_()
         self.steps, self.start = 0, time.perf_counter()
-        return train_loss, rate
+        return train_loss, rate, agreed
 
 
 def catch_up(run: Run) -> None:
@@ -369,13 +377,9 @@ def validate(run: Run, step: int) -> float | None:
     return val
 
 
-def due_by_time(run: Run, step: int, saved_at: float) -> bool:
-    """Whether `checkpoint_seconds` of training passed since the last checkpoint. Alone, every step asks the
-    clock; with several ranks, rank 0's clock decides at each `log_every` step (one small broadcast then)."""
-    every = run.cfg.checkpoint_seconds
-    if every <= 0 or (run.d.world > 1 and step % run.cfg.log_every):
-        return False
-    return main_says(time.monotonic() - saved_at >= every, run.d, run.device)
+def overdue(cfg: TrainConfig, saved_at: float) -> bool:
+    """Whether `checkpoint_seconds` of training passed since the last checkpoint (this rank's clock)."""
+    return cfg.checkpoint_seconds > 0 and time.monotonic() - saved_at >= cfg.checkpoint_seconds
 
 
 def checkpoint(run: Run, step: int, val: float | None) -> None:

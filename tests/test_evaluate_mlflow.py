@@ -205,3 +205,35 @@ def test_hybrid_is_fit_on_dev_queries_registered_and_scores_the_same_in_a_fresh_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), expected, atol=1e-5)
+
+
+def test_the_gate_warns_when_a_nights_best_falls_below_the_recent_nights_median(tmp_path, caplog):
+    """stages/gate/job.py's night_trend, over a real registry: the best version of each earlier night on this
+    eval set (its `run_date` and metric tags), their median, and a warning past gate.decline_tolerance."""
+    import logging
+
+    import mlflow
+
+    from stages.gate.config import GateConfig
+    from stages.gate.job import night_trend
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    name, key = "dssm-logs-clicks", "abc123"
+    client.create_registered_model(name)
+    nights = {"2026-01-01": [80.0, 82.0], "2026-01-02": [81.0], "2026-01-03": [83.0], "2026-01-04": [79.0]}
+    for day, values in nights.items():
+        for value in values:
+            v = client.create_model_version(name, source=str(tmp_path))
+            client.set_model_version_tag(name, v.version, "run_date", day)
+            client.set_model_version_tag(name, v.version, f"ndcg_at_10.{key}", str(value))
+            client.set_model_version_tag(name, v.version, "ndcg_at_10.another-set", "99.0")  # another series
+    versions = client.search_model_versions(f"name='{name}'")
+    last = [v for v in versions if v.tags["run_date"] == "2026-01-04"]
+    tonight = [{"version": v.version, "metrics": {"ndcg@10": 79.0}} for v in last]
+    with caplog.at_level(logging.WARNING, logger="stages.gate.job"):
+        trend = night_trend(client, name, key, tonight, GateConfig(trend_nights=3, decline_tolerance=0.5))
+    assert trend == {"night": "2026-01-04", "best": 79.0, "median": 82.0, "nights": 3, "declined": True}
+    assert any("below the median of the last 3 nights" in r.getMessage() for r in caplog.records)
+    calm = night_trend(client, name, key, tonight, GateConfig(trend_nights=3, decline_tolerance=5.0))
+    assert calm["declined"] is False
+    assert night_trend(client, name, key, [{"version": "1", "metrics": {"ndcg@10": 80.0}}], GateConfig()) is None

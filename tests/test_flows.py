@@ -427,19 +427,21 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     """docs/flows.md's nightly setup: each night a day of logs lands under a log root given as a URI
     (`file://`: listed and fingerprinted through the Hadoop FileSystem, as `hdfs://` or `s3a://` would
     be), the model trains on the last two days, starting from the champion; a rerun does nothing; a
-    lost day cache is rebuilt alone."""
+    lost day cache is rebuilt alone. The logs come without a judged set: the nights are evaluated on one
+    graded from their clicks, kept for judge.keep_nights=2 nights, then graded anew."""
     import mlflow
 
-    from core.judgments import DEFAULT_CATALOGUE
     from modeling.checkpoint import read_checkpoint
 
     work, root = tmp_path / "w", tmp_path / "logs"
-    nightly = ["--window-days", "2", "--logs", root.as_uri(), "--judgments", str(DEFAULT_CATALOGUE)]
-    nightly += ["--no-index", "--no-analyze", "evaluate.hybrid=false"]
+    nightly = ["--window-days", "2", "--logs", root.as_uri(), "--no-index", "--no-analyze", "evaluate.hybrid=false"]
+    nightly += ["judge.keep_nights=2", "judge.min_impressions=2", "judge.min_shown=2"]
 
     def lands(day: str) -> None:
-        """The day's logs arrive, as a log shipper writes them (`dssm simulate --day`)."""
-        assert main(["simulate", "--out", str(root), "--day", day, "--impressions", "3_000", "--workers", "1"]) == 0
+        """The day's logs arrive, as a log shipper writes them (`dssm simulate --day`), the test queries'
+        traffic included, as a team's log has it."""
+        simulated = ["simulate", "--out", str(root), "--day", day, "--impressions", "3_000", "--workers", "1"]
+        assert main([*simulated, "--test-traffic"]) == 0
 
     def night(day: str) -> tuple[dict[str, dict], dict]:
         assert main(["run", "--workdir", str(work), "--run-date", day, *nightly]) == 0
@@ -455,6 +457,8 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     # night 1: the first day's logs, a model from scratch, the first champion
     lands("2026-01-01")
     stages, summary = night("2026-01-01")
+    night1 = summary
+    assert not stages["judge"]["skipped"] and summary["judged_set"]["graded_from"] == "clicks"
     assert "simulate" not in stages and stages["clean"]["path"] == str(work / "clean")
     assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 1)
     assert decisions() == [{"init_from": None, "why": "no champion yet"}]
@@ -481,6 +485,14 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     gate = summary["gate"][0]
     assert gate["version"] == "2" and client.get_model_version(gate["model"], "2").tags["run_date"] == "2026-01-02"
     assert (work / "gate" / "gate-history.png").is_file()
+    # night 2 kept night 1's judged set: one evaluation set (one eval key) for both nights' models
+    assert stages["judge"]["skipped"] and summary["judged_set"]["split"] == "query"
+    first_set = summary["judged_set"]["dataset_sha256"]
+    assert first_set == night1["judged_set"]["dataset_sha256"]
+    series = [v for v in client.search_model_versions(f"name='{gate['model']}'") if any(
+        k.startswith("retrieval_ndcg_at_10.") for k in v.tags)]  # fmt: skip
+    assert len({k for v in series for k in v.tags if k.startswith("retrieval_ndcg_at_10.")}) == 1
+    assert summary["gate_trend"]["night"] == "2026-01-02" and summary["gate_trend"]["nights"] == 1
 
     # night 2 again: nothing to do
     stages, _ = night("2026-01-02")
@@ -500,3 +512,5 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     window = json.loads((work / "clean" / "manifest.json").read_text())
     assert list(window["window"]["days"]) == ["2026-01-02", "2026-01-03"] and window["counts"]["days"] == 2
     assert stages["clean"]["counts"]["days_cleaned"] == 1 and summary["gate"][0]["version"] == "3"
+    # its third night: keep_nights=2 are over, so night 3 graded a new set (a new series from here)
+    assert not stages["judge"]["skipped"] and summary["judged_set"]["dataset_sha256"] != first_set

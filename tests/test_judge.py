@@ -131,7 +131,9 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     assert main(args) == 0
     report = json.loads((work / "report.json").read_text())
     assert report["dataset"] == "simulate-clicks" and report["eval_queries"] > 0
-    assert report["judged_set"] == {"path": str(work / "judge" / "judged.csv"), "graded_from": "clicks"}
+    judged_sha256 = hashlib.sha256((work / "judge" / "judged.csv").read_bytes()).hexdigest()
+    assert report["judged_set"] == {"path": str(work / "judge" / "judged.csv"), "graded_from": "clicks",
+                                    "dataset_sha256": judged_sha256, "split": "query"}  # fmt: skip
     stages = {s["stage"]: s for s in report["pipeline"]["stages"]}
     assert list(stages) == ["clean", "propensity", "judge", "vocab", "negatives", "train", "evaluate", "register",
                             "gate", "index", "analyze"]  # fmt: skip
@@ -141,7 +143,6 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     client = mlflow.MlflowClient()
     parent = client.get_run(report["pipeline"]["mlflow_parent_run_id"])
-    judged_sha256 = hashlib.sha256((work / "judge" / "judged.csv").read_bytes()).hexdigest()
     assert parent.data.tags["dataset"] == "simulate-clicks" and parent.data.tags["dataset_sha256"] == judged_sha256
     assert report["dataset_sha256"] == judged_sha256  # what `dssm evaluate --judgments judge/judged.csv` reports
     champion = client.get_model_version_by_alias("dssm-simulate-clicks", "champion")
@@ -152,3 +153,37 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     assert inputs[0].name == "simulate-clicks" and str(work / "judge" / "judged.csv") in inputs[0].source
     analysis = json.loads((work / "analysis" / "analysis.json").read_text())
     assert analysis["test_queries"]["queries"] == report["eval_queries"]
+
+
+def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp_path):
+    """stages/judge/stage.py's policy, on a judge output as the flow leaves it (its manifest amended with the
+    night it was graded): kept within `keep_nights` of that night, for the same grading settings and intact
+    files; graded anew after, with other settings, when damaged, outside nightly runs or with --force."""
+    from dataclasses import asdict, replace
+
+    from core.artifacts import amend_manifest, write_manifest
+    from core.layout import Layout
+    from core.stage import RunContext
+    from flows.config import load_run_config
+    from stages.judge.stage import kept_set
+
+    out = tmp_path / "judge"
+    out.mkdir()
+    (out / "judged.csv").write_text("search_term,product_title,relevance\ndrill,cordless drill,3.0\n")
+    cfg = load_run_config(None, ["judge.keep_nights=3"])
+    write_manifest(out, {"stage": "judge", "params": asdict(cfg.judge)})
+    amend_manifest(out, {"built_on": "2026-01-01"})
+
+    def night(day: str, run_cfg=cfg, window: bool = True):
+        ctx = RunContext(run_cfg, Layout(tmp_path), None, "", None, [day] if window else [], 1)
+        return kept_set(ctx, out)
+
+    kept = night("2026-01-03")
+    assert kept is not None and kept.skipped and kept.path == str(out)
+    assert night("2026-01-01").sha256 == kept.sha256  # the night it was graded: the same set
+    assert night("2026-01-04") is None  # its fourth night: a new set
+    assert night("2026-01-02", window=False) is None  # not a nightly run: graded as always
+    assert night("2026-01-02", load_run_config(None, ["judge.keep_nights=3", "judge.min_shown=5"])) is None
+    assert night("2026-01-02", replace(cfg, force=True)) is None
+    (out / "judged.csv").write_text("search_term,product_title,relevance\ndrill,cordless drill,1.0\n")  # same size
+    assert night("2026-01-02") is None

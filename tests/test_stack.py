@@ -285,7 +285,7 @@ def test_two_runs_at_once_on_the_same_servers_leave_the_champion_on_the_best_ver
         copy = tmp / f"c{seed}"
         shutil.copytree(scheduled["work"], copy, ignore=shutil.ignore_patterns(".lock", "report.json"))
         argv = ["run", "--workdir", str(copy), "--logs", str(pipeline["simulate"]), "--judgments"]
-        argv += [str(DEFAULT_CATALOGUE), *ONE_HYBRID, "--no-analyze", "--no-index", "evaluate.retrieval=false"]
+        argv += [str(DEFAULT_CATALOGUE), *ONE_HYBRID, "evaluate.retrieval=false", "--no-analyze", "--no-index"]
         argv += ["--train", *train, f"seed={seed}"]
         out = subprocess.PIPE
         procs[seed] = subprocess.Popen([*dssm, *argv], env=runs_env, stdout=out, stderr=subprocess.STDOUT, text=True)

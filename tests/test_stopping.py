@@ -184,6 +184,7 @@ def test_a_sigterm_after_90_s_of_training_resumes_from_a_checkpoint_under_a_minu
     out, store = tmp_path / "run", f"sqlite:///{tmp_path}/train.db"
     args = [sys.executable, "-m", "dssm.cli", "train", f"data.negatives={pipeline['negatives']}"]
     args += [f"data.vocab={pipeline['vocab']}", "epochs=100000", "checkpoint_every=100000000", "eval_every=100000000"]
+    args += ["data.batch_size=192"]  # a multiple of the session pipeline's 3 train shards
     args += [f"out={out}", f"mlflow_uri={store}"]
     with open(tmp_path / "stderr", "wb") as err:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)

@@ -84,13 +84,13 @@ def test_the_title_pool_may_be_given_as_the_clean_output_and_anything_else_is_na
     bare Arrow error naming no path. A clean output is read as its titles/; a folder that holds no title
     pool is refused naming it."""
     from core.errors import DssmError
-    from core.schemas import read_titles
+    from core.schemas import read_title_pool
 
     clean = tmp_path / "clean"
     (clean / "titles").mkdir(parents=True)
     pq.write_table(pa.table({"title": ["cordless drill", "claw hammer"]}), clean / "titles" / "part-0.parquet")
     (clean / "manifest.json").write_text("{}")
-    assert read_titles(clean) == read_titles(clean / "titles") == ["cordless drill", "claw hammer"]
+    assert read_title_pool(clean) == read_title_pool(clean / "titles") == ["cordless drill", "claw hammer"]
     cfg = TeacherConfig(scorers=["bm25"], sources=["bm25"], depth=2)
     manifest = teacher(tiny_data / "negatives", clean, None, tmp_path / "teacher", cfg)
     assert manifest["inputs"]["titles"]["path"] == str(clean / "titles")

@@ -14,3 +14,7 @@ class GateConfig:
     # what the champion gate compares: ndcg@10 (re-ranking the judged titles), or retrieval_ndcg@10
     # (ranking the whole catalogue, what the index serves to dssm search; the evaluation must have measured it)
     metric: GateMetric = "ndcg@10"
+    # nightly runs: warn when the night's best model scores below the median of the last `trend_nights` nights'
+    # best on the same evaluation set by more than `decline_tolerance` (points of the metric, 0-100)
+    trend_nights: int = 5
+    decline_tolerance: float = 0.5

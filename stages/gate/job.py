@@ -223,10 +223,45 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
         for v in doc["versions"] if history else []:
             client.log_artifact(v["run_id"], str(history))
         (tmp / GATE_FILE).write_text(json.dumps(decisions, indent=2) + "\n")
-        return {"counts": {"gated": len(decisions), "promoted": sum(d["promoted"] for d in decisions)}}
+        counts = {"gated": len(decisions), "promoted": sum(d["promoted"] for d in decisions)}
+        return {"counts": counts, "trend": night_trend(client, name, key, doc["versions"], cfg)}
 
-    params = {"metric": cfg.metric, "mlflow_uri": uri}
+    params = {"metric": cfg.metric, "trend": [cfg.trend_nights, cfg.decline_tolerance], "mlflow_uri": uri}
     return publish(Path(out), "gate", code_fingerprint(__name__), inputs, params, build, force, upstream=[done])
+
+
+def night_trend(
+    client: mlflow.MlflowClient, name: str, key: str, tonight: list[dict], cfg: GateConfig
+) -> dict[str, Any] | None:
+    """The night's best model against the last `trend_nights` nights' best on this evaluation set (versions
+    tagged with a run date and measured on eval key `key`); a warning when it is below their median by more
+    than `decline_tolerance`: a slow decline the champion gate, which only keeps the best, would not show.
+    None outside nightly runs or before there are earlier nights."""
+    import statistics
+
+    tag = f"{metric_key(cfg.metric)}.{key}"
+    dates = {v["version"]: client.get_model_version(name, v["version"]).tags.get("run_date") for v in tonight}
+    night = next(iter(set(dates.values())), None)
+    if not night or not cfg.trend_nights:
+        return None
+    best: dict[str, float] = {}
+    for v in client.search_model_versions(f"name='{name}'"):
+        day = v.tags.get("run_date")
+        if day and day < night and tag in v.tags:
+            best[day] = max(best.get(day, float("-inf")), float(v.tags[tag]))
+    earlier = [best[d] for d in sorted(best)[-cfg.trend_nights :]]
+    if not earlier:
+        return None
+    value, median = max(float(v["metrics"][cfg.metric]) for v in tonight), statistics.median(earlier)
+    trend = {"night": night, "best": value, "median": median, "nights": len(earlier), "declined": False}
+    if value < median - cfg.decline_tolerance:
+        trend["declined"] = True
+        log.warning(
+            "gate: the night's best model (%.2f) is %.2f below the median of the last %d nights' best (%.2f) on "
+            "this evaluation set; more than gate.decline_tolerance=%g: look at what changed (data, code, config)",
+            value, median - value, len(earlier), median, cfg.decline_tolerance,
+        )  # fmt: skip
+    return trend
 
 
 def _score_uri(uri: str, scored: Callable[[], ScoredOn], retrieval: bool) -> float:

@@ -15,8 +15,13 @@ class JudgeConfig:
     min_shown: int = 3  # a title shown fewer times for a query is left out of its judged titles
     min_impressions: int = 5  # a query with fewer impressions is left out
     min_propensity: float = 0.05  # floor on θ(rank): a click deep down weighs at most 20 times one at rank 1
+    # windowed runs: the judged set a night grades is kept, the evaluation set of this many nights (its own
+    # included), so their models are compared on one set; then the next night grades a new one (0 or 1: nightly)
+    keep_nights: int = 7
 
 
 def check_config(cfg: JudgeConfig) -> None:
-    if cfg.min_shown < 1 or cfg.min_impressions < 1 or not 0 < cfg.min_propensity <= 1:
-        raise DssmError("judge: need min_shown >= 1, min_impressions >= 1 and 0 < min_propensity <= 1")
+    if cfg.min_shown < 1 or cfg.min_impressions < 1 or not 0 < cfg.min_propensity <= 1 or cfg.keep_nights < 0:
+        raise DssmError(
+            "judge: need min_shown >= 1, min_impressions >= 1, 0 < min_propensity <= 1 and keep_nights >= 0"
+        )

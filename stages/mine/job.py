@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from core.artifacts import code_fingerprint, content_sha256, publish, require_manifest
 from core.config import check_choices
 from core.errors import DssmError
-from core.schemas import NEGATIVES, title_pool
+from core.schemas import NEGATIVES, read_title_pool, title_pool
 from stages.mine.config import MineConfig
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def open_ranker(index_dir: Path | None, titles_dir: Path, source: str) -> Ranker
 
         titles = read_titles(index_dir)
     else:
-        titles = read_titles(titles_dir)
+        titles = read_title_pool(titles_dir)
     return Ranker(titles, "bm25", bm25=CatalogueBM25(titles))
 
 

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from core.artifacts import code_fingerprint, content_sha256, publish, require_manifest, sha256_file
 from core.errors import DssmError
-from core.schemas import NEGATIVES, read_titles, title_pool
+from core.schemas import NEGATIVES, read_title_pool, title_pool
 from stages.teacher.config import CHECKPOINT, TeacherConfig, check_config
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def teacher(
         raise DssmError("teacher: no scorers (teacher.scorers=[bm25,minilm] or the like)")
     upstream = require_manifest(negatives_dir, "negatives")
     titles_dir = title_pool(titles_dir)
-    pool = read_titles(titles_dir)  # before the build: a wrong --titles fails at once, naming the path
+    pool = read_title_pool(titles_dir)  # before the build: a wrong --titles fails at once, naming the path
     inputs = {k: v for k, v in upstream.get("inputs", {}).items() if k == "clean"}
     inputs["negatives"] = {"path": str(negatives_dir), "sha256": upstream["content_sha256"]}
     inputs["titles"] = {"path": str(titles_dir), "sha256": content_sha256(Path(titles_dir))}
