@@ -8,7 +8,7 @@ start-up timeout), no analytics, and the project's loggers forwarded to Prefect'
 import logging
 import os
 
-PROJECT_LOGGERS = ("dssm", "jobs", "modeling", "scoring", "evaluation", "retrieval", "analysis")
+PROJECT_LOGGERS = ("dssm", "core.spark", "modeling", "scoring", "stages")
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -124,7 +124,7 @@ class RunConfig:
             return []
         from datetime import datetime
 
-        from core.dates import window_dates  # imports Spark's: only for a windowed run
+        from core.dates import window_dates
 
         return window_dates(self.run_date or datetime.now(UTC).date().isoformat(), self.window_days)
 

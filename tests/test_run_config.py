@@ -92,6 +92,8 @@ def test_the_no_stage_flags_name_the_stage_in_skip():
         (["train.per_encoder.bert=[epochs=2]"], "unknown encoder.s. bert"),
         (["train.per_encoder.minilm=[optim.name=nesterov]"], "would wreck the pretrained weights"),
         (["evaluate.baselines=bm25,google"], "unknown baseline"),
+        (["gate.trend_nights=-1"], "trend_nights >= 0"),
+        (["judge.keep_nights=-1"], "keep_nights >= 0"),
         (["evaluate.gate_metric=ndcg@10"], "evaluate.gate_metric is now gate.metric"),
         (["gate.metric=ndcg@3"], "gate.metric: .ndcg@3. is not one of"),
         (["negatives=3"], "expected a section"),

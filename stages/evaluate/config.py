@@ -1,7 +1,6 @@
-"""Evaluation settings, in a module that imports no pyspark, mlflow or torch (the run config is built
-from them): what an evaluation scores (`EvaluateSettings`: `dssm evaluate`'s flags and the flow's
-`evaluate` section), what the gate compares (`GateConfig`: `dssm gate`'s flags, the flow's `gate`) and
-what `dssm sts` scores beside the models (`StsSettings`)."""
+"""The evaluate stage's settings, in a module that imports no pyspark, mlflow or torch (the run config is
+built from them): what an evaluation scores (`EvaluateSettings`: `dssm evaluate`'s flags and the flow's
+`evaluate` section)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from core.errors import DssmError
+
 GateMetric = Literal["ndcg@10", "retrieval_ndcg@10"]
 
 
@@ -18,3 +20,8 @@ class GateConfig:
     # best on the same evaluation set by more than `decline_tolerance` (points of the metric, 0-100)
     trend_nights: int = 5
     decline_tolerance: float = 0.5
+
+
+def check_config(cfg: GateConfig) -> None:
+    if cfg.trend_nights < 0 or not cfg.decline_tolerance >= 0:
+        raise DssmError("gate: need trend_nights >= 0 and decline_tolerance >= 0")

@@ -105,9 +105,11 @@ def judge(
         )
         return {"counts": counts, "outputs": {"judged": JUDGED_FILE}, "scale": _scale(cfg)}
 
+    # how long a nightly run keeps the set is no part of the grades: not in the input key
+    params = {k: v for k, v in asdict(cfg).items() if k != "keep_nights"}
     with cluster_errors(out):
         # every file hashed before it counts as up to date: a hand edit of judged.csv that keeps its size is caught
-        return publish(out, "judge", code_fingerprint(__name__), inputs, asdict(cfg), build, force, upstreams, True)
+        return publish(out, "judge", code_fingerprint(__name__), inputs, params, build, force, upstreams, True)
 
 
 REASONS = ("graded", "few_impressions", "few_shown", "no_click", "one_title")  # why a query is in or out

@@ -20,8 +20,8 @@ log = logging.getLogger("dssm.flow")
 
 def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> StageOutput:
     """Grade the clean stage's impressions by their clicks (over the propensity stage's expected
-    examinations with `judge.debias`), or keep the set an earlier night graded; evaluate, index and
-    analyze then read this judged set."""
+    examinations with `judge.debias`), or keep the set an earlier night graded; evaluate and analyze
+    then read this judged set."""
     from core.spark import run_session
     from stages.judge.job import judge
 

@@ -222,7 +222,7 @@ def add_arguments(p) -> None:
     from core.options import add_config_options
 
     p.add_argument("--model", action="append", default=[], metavar="PATH_OR_URI", help="a trained model (repeatable)")
-    default_data = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    default_data = Path(os.environ.get("DSSM_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
     p.add_argument("--data", type=Path, default=default_data, help="the shared data folder (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
