@@ -239,13 +239,16 @@ def night_trend(
     None outside nightly runs or before there are earlier nights."""
     import statistics
 
+    if not cfg.trend_nights:
+        return None
     tag = f"{metric_key(cfg.metric)}.{key}"
-    dates = {v["version"]: client.get_model_version(name, v["version"]).tags.get("run_date") for v in tonight}
-    night = next(iter(set(dates.values())), None)
-    if not night or not cfg.trend_nights:
+    versions = client.search_model_versions(f"name='{name}'")  # one query: tonight's dates and the earlier nights
+    ours = {str(v["version"]) for v in tonight}
+    night = next((v.tags.get("run_date") for v in versions if str(v.version) in ours), None)
+    if not night:
         return None
     best: dict[str, float] = {}
-    for v in client.search_model_versions(f"name='{name}'"):
+    for v in versions:
         day = v.tags.get("run_date")
         if day and day < night and tag in v.tags:
             best[day] = max(best.get(day, float("-inf")), float(v.tags[tag]))
