@@ -143,6 +143,7 @@ class JudgedSet:
     name: str  # the MLflow experiment and `dataset` tag of the runs made from it
     embedded: bool = False  # the project's default catalogue
     graded_from: str = "labels"  # "clicks": graded from the logs by the judge stage (stages/judge/)
+    test_day: str = ""  # graded from clicks of this day alone, which training did not read (judge.split=time)
 
     def pairs(self) -> list[JudgedPair]:
         """Its rows, parsed once per process (keyed by content hash: a changed file is read anew)."""
@@ -154,7 +155,8 @@ class JudgedSet:
         """What a manifest records of it."""
         described = {"path": self.path, "sha256": self.sha256, "spec": asdict(self.spec)}
         clicks = {"graded_from": self.graded_from} if self.graded_from != "labels" else {}
-        return described | {"embedded_default": self.embedded} | clicks
+        day = {"test_day": self.test_day} if self.test_day else {}
+        return described | {"embedded_default": self.embedded} | clicks | day
 
 
 def resolve_judged_set(
@@ -187,10 +189,10 @@ CLICK_RELEVANT = 2.5  # the midpoint of the scale, as Home Depot's: what counts 
 CLICK_SPEC = JudgedSetSpec(encoding="utf-8")  # how judged.csv is written and read: Home Depot's column names, UTF-8
 
 
-def click_judged_set(output: str | Path, sha256: str, name: str) -> JudgedSet:
+def click_judged_set(output: str | Path, sha256: str, name: str, test_day: str = "") -> JudgedSet:
     """The judged set a judge stage wrote to `output` (judged.csv's sha256; "" before it is written),
     read as it was written: Home Depot's column names, UTF-8."""
-    return JudgedSet(str(Path(output) / JUDGED_FILE), CLICK_SPEC, sha256, name, graded_from="clicks")
+    return JudgedSet(str(Path(output) / JUDGED_FILE), CLICK_SPEC, sha256, name, graded_from="clicks", test_day=test_day)
 
 
 def judged_set(run_judged: JudgedSet, judge_output: str | Path | None) -> JudgedSet:
@@ -200,8 +202,9 @@ def judged_set(run_judged: JudgedSet, judge_output: str | Path | None) -> Judged
         return run_judged
     from core.artifacts import read_manifest
 
-    hashes = read_manifest(Path(judge_output))["file_sha256"]  # judged.csv's own, as `dssm evaluate` of it hashes it
-    return click_judged_set(judge_output, hashes[JUDGED_FILE], run_judged.name)
+    manifest = read_manifest(Path(judge_output))
+    hashes = manifest["file_sha256"]  # judged.csv's own, as `dssm evaluate` of it hashes it
+    return click_judged_set(judge_output, hashes[JUDGED_FILE], run_judged.name, manifest.get("test_day", ""))
 
 
 def clicks_dataset_name(logs: str) -> str:

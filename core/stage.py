@@ -83,6 +83,9 @@ class RunContext:
     master: str | None  # Spark master; None: $DSSM_SPARK_MASTER, else local[*]
     window: list[str]  # the dates a windowed run reads, oldest first; empty: not windowed
     nproc: int  # training processes
+    # judge.split=time: the day of the window whose traffic the evaluation set is graded from; no stage that
+    # training reads sees it while the set is in use (stages/judge/stage.py's held_out_day). "": none
+    test_day: str = ""
 
     @property
     def force(self) -> bool:

@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def context(cfg: RunConfig) -> RunContext:
         judged = click_judged_set(layout.output("judge"), "", clicks_dataset_name(cfg.logs))
     else:
         judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)
-    return RunContext(
+    ctx = RunContext(
         cfg=cfg,
         layout=layout,
         judged=judged,
@@ -74,6 +75,11 @@ def context(cfg: RunConfig) -> RunContext:
         window=cfg.window(),
         nproc=cfg.train.nproc or default_nproc(),
     )
+    if not cfg.judged_by_clicks():
+        return ctx
+    from stages.judge.stage import held_out_day
+
+    return replace(ctx, test_day=held_out_day(ctx))
 
 
 @flow(name="retrain", description="simulate or ingest click logs, then every stage of flows/pipeline.py's PIPELINE")
@@ -112,11 +118,13 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             logger.info("%s: %s -> %s (sha256 %s…)", out.stage, state, out.path, out.sha256[:12])
             if stage.trains_on:  # what the models train on (the last of them that ran)
                 mlflow_client(ctx.mlflow_uri).set_tag(parent, "data_version", out.sha256)
-            if stage.judges:  # the judged set graded from clicks, hashed now that it is written
+            if stage.judges:  # the judged set graded from clicks, hashed now that it is written: one series per set
                 from core.judgments import judged_set
 
-                sha256 = judged_set(ctx.judged, out.path).sha256
-                mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", sha256)
+                judged = judged_set(ctx.judged, out.path)
+                mlflow_client(ctx.mlflow_uri).set_tag(parent, "dataset_sha256", judged.sha256)
+                if judged.test_day:  # the time split's: the day it was graded from
+                    mlflow_client(ctx.mlflow_uri).set_tag(parent, "test_day", judged.test_day)
 
         with last_words:  # through the except path too: the watchdog may fire while it unwinds
             try:

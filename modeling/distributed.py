@@ -80,7 +80,6 @@ def summed_over_ranks(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
-
 def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:
     """Bytes a rank sends per step in collectives of fixed size: DDP's ring all-reduce of the
     gradients it manages (2(W−1)/W of their size) and, with in-batch negatives, the all-gather of

@@ -42,8 +42,6 @@ class System:
         return self.components or {self.name: self.scorer}
 
 
-
-
 def build_baseline(name: str, judged: list[JudgedPair], params: BaselineParams | None = None) -> System:
     """A baseline fitted on the judged set's text (titles; doc2vec also queries), never its labels."""
     params = params or BaselineParams()

@@ -428,7 +428,9 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     (`file://`: listed and fingerprinted through the Hadoop FileSystem, as `hdfs://` or `s3a://` would
     be), the model trains on the last two days, starting from the champion; a rerun does nothing; a
     lost day cache is rebuilt alone. The logs come without a judged set: the nights are evaluated on one
-    graded from their clicks, kept for judge.keep_nights=2 nights, then graded anew."""
+    graded from their clicks on the time split (issue 63): from the test day alone, the window's last
+    day when the set is graded, which no stage that training reads sees while the set is kept
+    (judge.keep_nights=2 nights); then a new set is graded from the new last day."""
     import mlflow
 
     from modeling.checkpoint import read_checkpoint
@@ -454,41 +456,54 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     def decisions() -> list[dict]:
         return list(json.loads((work / "warm-start" / "decisions.json").read_text()).values())
 
-    # night 1: the first day's logs, a model from scratch, the first champion
+    def held_out() -> dict:
+        return json.loads((work / "clean" / "manifest.json").read_text()).get("held_out", {})
+
+    # night 1: two days' logs, a model from scratch trained on the first, the first champion; the set is
+    # graded from the second, the test day
+    lands("2025-12-31")
     lands("2026-01-01")
     stages, summary = night("2026-01-01")
     night1 = summary
     assert not stages["judge"]["skipped"] and summary["judged_set"]["graded_from"] == "clicks"
+    assert (summary["judged_set"]["split"], summary["judged_set"]["test_day"]) == ("time", "2026-01-01")
+    assert held_out()["date"] == "2026-01-01" and held_out()["path"] == str(day_cache("2026-01-01").parent)
+    assert json.loads((work / "judge" / "manifest.json").read_text())["inputs"]["clean"]["path"] == held_out()["path"]
     assert "simulate" not in stages and stages["clean"]["path"] == str(work / "clean")
-    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 1)
+    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 2)
     assert decisions() == [{"init_from": None, "why": "no champion yet"}]
     assert summary["gate"][0]["promoted"] and summary["gate"][0]["version"] == "1"
     day1 = day_cache("2026-01-01").stat().st_mtime_ns
 
-    # night 2: day 2 lands and is the only day parsed; the model trains on both, from champion v1
+    # night 2: day 2 lands and is the only day parsed; the model trains on it, from champion v1: day 1 is
+    # the kept set's test day, still held out
     lands("2026-01-02")
     stages, summary = night("2026-01-02")
-    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (2, 1)
+    assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 1)
     assert day_cache("2026-01-01").stat().st_mtime_ns == day1
     window = json.loads((work / "clean" / "manifest.json").read_text())
-    days = [json.loads(day_cache(d).read_text())["counts"] for d in ("2026-01-01", "2026-01-02")]
+    days = [json.loads(day_cache(d).read_text())["counts"] for d in ("2026-01-02",)]
     assert window["counts"]["lines_read"] == sum(d["lines_read"] for d in days)
     assert window["counts"]["lines_read"] == window["counts"]["kept"] + window["counts"]["rejected"]
-    assert list(window["window"]["days"]) == ["2026-01-01", "2026-01-02"]
+    assert list(window["window"]["days"]) == ["2026-01-02"] and held_out()["date"] == "2026-01-01"
     assert decisions()[1]["init_from"] and decisions()[1]["why"].startswith("champion v1")
     assert read_checkpoint(Path(stages["train"]["path"]))["config"]["init_from"] == decisions()[1]["init_from"]
     client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     run = client.get_run(stages["train"]["counts"]["mlflow_run_id"])
     inputs = {d.dataset.name for d in run.inputs.dataset_inputs}
-    assert {"logs/dt=2026-01-01", "logs/dt=2026-01-02"} <= inputs
+    assert "logs/dt=2026-01-02" in inputs and "logs/dt=2026-01-01" not in inputs  # the test day: not trained on
     assert run.data.tags["window"] == "2026-01-01..2026-01-02"
     gate = summary["gate"][0]
     assert gate["version"] == "2" and client.get_model_version(gate["model"], "2").tags["run_date"] == "2026-01-02"
     assert (work / "gate" / "gate-history.png").is_file()
     # night 2 kept night 1's judged set: one evaluation set (one eval key) for both nights' models
-    assert stages["judge"]["skipped"] and summary["judged_set"]["split"] == "query"
+    assert stages["judge"]["skipped"] and summary["judged_set"]["split"] == "time"
+    assert summary["judged_set"]["test_day"] == "2026-01-01"
     first_set = summary["judged_set"]["dataset_sha256"]
     assert first_set == night1["judged_set"]["dataset_sha256"]
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    nights = client.search_runs(experiments, "tags.test_day = '2026-01-01'")  # the flow's parent runs: one series
+    assert len(nights) == 2 and {r.data.tags["dataset_sha256"] for r in nights} == {first_set}
     series = [v for v in client.search_model_versions(f"name='{gate['model']}'") if any(
         k.startswith("retrieval_ndcg_at_10.") for k in v.tags)]  # fmt: skip
     assert len({k for v in series for k in v.tags if k.startswith("retrieval_ndcg_at_10.")}) == 1
@@ -510,7 +525,8 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     lands("2026-01-03")
     stages, summary = night("2026-01-03")
     window = json.loads((work / "clean" / "manifest.json").read_text())
-    assert list(window["window"]["days"]) == ["2026-01-02", "2026-01-03"] and window["counts"]["days"] == 2
+    assert list(window["window"]["days"]) == ["2026-01-02"] and window["counts"]["days"] == 1
+    assert held_out()["date"] == "2026-01-03" and summary["judged_set"]["test_day"] == "2026-01-03"
     assert stages["clean"]["counts"]["days_cleaned"] == 1 and summary["gate"][0]["version"] == "3"
     # its third night: keep_nights=2 are over, so night 3 graded a new set (a new series from here)
     assert not stages["judge"]["skipped"] and summary["judged_set"]["dataset_sha256"] != first_set

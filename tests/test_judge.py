@@ -157,26 +157,33 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
 
 def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp_path):
     """stages/judge/stage.py's policy, on a judge output as the flow leaves it (its manifest amended with the
-    night it was graded): kept within `keep_nights` of that night, for the same grading settings and intact
-    files; graded anew after, with other settings, when damaged, outside nightly runs or with --force."""
-    from dataclasses import asdict, replace
+    night it was graded, its split and test day): kept within `keep_nights` of that night, for the same
+    grading settings, split and intact files; graded anew after, with other settings, another split, when
+    damaged, outside nightly runs or with --force. Under the time split the day training must not read is
+    the kept set's test day, or tonight's last day when a new set is graded."""
+    from dataclasses import replace
+    from datetime import date, timedelta
 
     from core.artifacts import amend_manifest, write_manifest
     from core.layout import Layout
     from core.stage import RunContext
     from flows.config import load_run_config
-    from stages.judge.stage import kept_set
+    from stages.judge.config import grading
+    from stages.judge.stage import held_out_day, kept_set
 
     out = tmp_path / "judge"
     out.mkdir()
     (out / "judged.csv").write_text("search_term,product_title,relevance\ndrill,cordless drill,3.0\n")
     cfg = load_run_config(None, ["judge.keep_nights=3"])
-    write_manifest(out, {"stage": "judge", "params": asdict(cfg.judge)})
-    amend_manifest(out, {"built_on": "2026-01-01"})
+    write_manifest(out, {"stage": "judge", "params": grading(cfg.judge)})
+    amend_manifest(out, {"built_on": "2026-01-01", "split": "time", "test_day": "2026-01-01"})
 
-    def night(day: str, run_cfg=cfg, window: bool = True):
-        ctx = RunContext(run_cfg, Layout(tmp_path), None, "", None, [day] if window else [], 1)
-        return kept_set(ctx, out)
+    def context(day: str, run_cfg=cfg, window: bool = True, days: int = 2) -> RunContext:
+        dates = [(date.fromisoformat(day) - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
+        return RunContext(run_cfg, Layout(tmp_path), None, "", None, dates if window else [], 1)
+
+    def night(day: str, run_cfg=cfg, window: bool = True, days: int = 2):
+        return kept_set(context(day, run_cfg, window, days), out)
 
     kept = night("2026-01-03")
     assert kept is not None and kept.skipped and kept.path == str(out)
@@ -184,6 +191,13 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert night("2026-01-04") is None  # its fourth night: a new set
     assert night("2026-01-02", window=False) is None  # not a nightly run: graded as always
     assert night("2026-01-02", load_run_config(None, ["judge.keep_nights=3", "judge.min_shown=5"])) is None
+    query_split = load_run_config(None, ["judge.keep_nights=3", "judge.split=query"])
+    assert night("2026-01-02", query_split) is None  # graded on the time split: not the set a query night uses
+    assert night("2026-01-02", days=1) is None  # a one-day window has no time split
     assert night("2026-01-02", replace(cfg, force=True)) is None
+    # the day training leaves out: the kept set's test day, a new set's (tonight's last day), none on the query split
+    assert held_out_day(context("2026-01-03")) == "2026-01-01"
+    assert held_out_day(context("2026-01-04")) == "2026-01-04"
+    assert held_out_day(context("2026-01-03", query_split)) == held_out_day(context("2026-01-03", days=1)) == ""
     (out / "judged.csv").write_text("search_term,product_title,relevance\ndrill,cordless drill,1.0\n")  # same size
     assert night("2026-01-02") is None

@@ -22,7 +22,9 @@ def shown_cells(impressions):  # DataFrame -> DataFrame (pyspark is imported laz
         F.count("*").alias("shown"), F.sum(F.col("r.clicked").cast("long")).alias("clicks")
     )
 
+
 BISECTIONS = 50  # halvings of γ's interval (0, 1) in `map_attractiveness`: to 1e-15
+
 
 def examination_curve(propensity_dir: Path | None, min_propensity: float) -> list[float]:
     """θ(1), θ(2), … from `dssm propensity`'s curve, each at least `min_propensity`; ranks the
@@ -35,6 +37,7 @@ def examination_curve(propensity_dir: Path | None, min_propensity: float) -> lis
     for rank in range(1, max(known) + 1):
         theta.append(known.get(rank, theta[-1] if theta else 1.0))
     return [max(float(t), min_propensity) for t in theta]
+
 
 def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[float, float] | None = None) -> DataFrame:
     """(query, title, shown, clicks, examinations, debiased_clicks, relevance) per title shown for a
@@ -68,10 +71,12 @@ def examined_pairs(impressions: DataFrame, theta: list[float], prior: tuple[floa
     columns = ["query", "title", "shown", "clicks", "examinations", "debiased_clicks"]
     return examined.select(*columns, relevance.alias("relevance"))
 
+
 def curve_at_rank(theta: list[float]) -> Callable[[Column], Column]:
     """θ(rank) of a cell (a struct with a `rank` field), the curve's last value beyond its end."""
     curve = F.array(*[F.lit(t) for t in theta])
     return lambda cell: F.element_at(curve, F.least(cell["rank"], F.lit(len(theta))))
+
 
 def map_attractiveness(
     cells: Column, clicks: Column, theta_at: Callable[[Column], Column], prior_clicks: float, prior_skips: float

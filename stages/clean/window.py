@@ -17,6 +17,10 @@ judged within each day only (docs/raw-log-format.md).
 A day of the window without logs (no partition, an empty one) is left out and listed in the
 manifest with why; a `dt=…` entry that is not a dated directory (`dt=2026-13-40`, `dt=2026-2-2`) is
 not read, with a warning, and listed too.
+
+Under the judge's time split one day, the test day, is cleaned but held out of the window's sums
+(pairs, titles, impressions): the manifest's `held_out` names its own clean output, which only the
+judge stage reads (stages/judge/stage.py).
 """
 
 from __future__ import annotations
@@ -96,10 +100,12 @@ def clean_window(
     out: Path,
     cfg: CleanConfig,
     force: bool = False,
+    hold_out: str = "",
 ) -> dict[str, Any]:
     """Clean each partition of `dates` present under `root` (a path or URI on any Hadoop file system)
     into `days_dir/dt=…` (skipped when its fingerprint is unchanged), then write the window's pairs
-    and titles to `out`; returns its manifest."""
+    and titles to `out`; returns its manifest. `hold_out`: a day cleaned but left out of the window's
+    sums (the time split's test day), named in the manifest's `held_out`."""
     present, bad = partitions(spark, root)
     for name, why in bad.items():
         log.warning("%s/%s is not read: %s", root, name, why)
@@ -122,10 +128,23 @@ def clean_window(
     manifests = {
         d: clean(spark, str(present[d]), days_dir / f"dt={d}", cfg, force, listed=fingerprints[d]) for d in days
     }
+    cleaned = sum(not m["skipped"] for m in manifests.values())
+    held_out = {}
+    if hold_out in manifests:
+        days.remove(hold_out)
+        held_out = {"date": hold_out, "path": str(days_dir / f"dt={hold_out}")}
+        held_out["sha256"] = manifests.pop(hold_out)["content_sha256"]
+        log.info("window %s..%s: day %s held out of the window's sums (the test day)", dates[0], dates[-1], hold_out)
+    if not days:
+        raise DssmError(
+            f"{root}: the window {dates[0]}..{dates[-1]} has logs on {hold_out} alone, the test day that "
+            "judge.split=time holds out of training: no day is left to train on (widen --window-days, wait for "
+            "a second day of logs, or set judge.split=query)"
+        )
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
     params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}
     # In the key, so that the manifest's lists stay true when only they change (a bad name appears).
-    params |= {"missing": why_missing, "bad_partitions": bad}
+    params |= {"missing": why_missing, "bad_partitions": bad, "held_out": held_out}
 
     def build(tmp: Path) -> dict[str, Any]:
         pairs = _summed([days_dir / f"dt={d}" / "pairs" for d in days], ["query", "title"], CLICK_PAIRS)
@@ -167,6 +186,7 @@ def clean_window(
                 "why_missing": why_missing,
                 "bad_partitions": bad,
             },
+            **({"held_out": held_out} if held_out else {}),
             "outputs": {
                 "pairs": "pairs/",
                 "titles": "titles/",
@@ -176,7 +196,6 @@ def clean_window(
         }
 
     manifest = publish(out, "clean", code_fingerprint(__name__), inputs, params, build, force=force)
-    cleaned = sum(not m["skipped"] for m in manifests.values())
     # The stage did work when one of its days was (re)cleaned, even if the window's sums came out the same.
     return manifest | {
         "counts": manifest["counts"] | {"days_cleaned": cleaned},

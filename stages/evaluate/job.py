@@ -95,9 +95,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         run_ids: dict[str, str] = {}
         try:  # from the first run on: a stop or a failure half-way ends every run already created
             _start_runs(uri, cfg.experiment or name, eval_set, systems, results, datasets, retrieval, run_ids)
-            # which set, by content, and how its test queries were chosen (PROTOCOL.md §3's query split)
+            # which set, by content, and how its test queries were chosen: PROTOCOL.md §3's query split, of the
+            # test day's traffic alone under the time split
             about = {"path": judged.path, "graded_from": judged.graded_from, "dataset_sha256": judged.sha256}
-            about["split"] = {"test": "query"}.get(eval_set.split, eval_set.split)  # "all": every query
+            about["split"] = {"test": "time" if judged.test_day else "query"}.get(eval_set.split, eval_set.split)
+            about |= {"test_day": judged.test_day} if judged.test_day else {}
             report = write_report(tmp, eval_set, results, threshold, run_ids, retrieval, about)
             titles = catalogue.titles if retrieval is not None else None
             write_eval_set(tmp, ScoredOn(eval_set, threshold, titles))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from core.errors import DssmError
 
@@ -18,6 +19,19 @@ class JudgeConfig:
     # windowed runs: the judged set a night grades is kept, the evaluation set of this many nights (its own
     # included), so their models are compared on one set; then the next night grades a new one (0 or 1: nightly)
     keep_nights: int = 7
+    # windowed runs: "time" grades the set from the window's last day, which no stage that training reads
+    # sees while the set is in use (a one-day window: "query"); "query": from every day of the window. Both
+    # evaluate on PROTOCOL.md §3's test queries only, which training never reads
+    split: str = "time"
+
+
+SPLITS = ("time", "query")
+NIGHTLY = ("keep_nights", "split")  # how a windowed run uses its sets: the flow's business, not `dssm judge`'s
+
+
+def grading(cfg: JudgeConfig) -> dict[str, Any]:
+    """The settings a judged set is graded with: its output's key (a set is graded anew when they change)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in NIGHTLY}
 
 
 def check_config(cfg: JudgeConfig) -> None:
@@ -25,3 +39,5 @@ def check_config(cfg: JudgeConfig) -> None:
         raise DssmError(
             "judge: need min_shown >= 1, min_impressions >= 1, 0 < min_propensity <= 1 and keep_nights >= 0"
         )
+    if cfg.split not in SPLITS:
+        raise DssmError(f"judge.split must be one of {', '.join(SPLITS)}, got {cfg.split!r}")

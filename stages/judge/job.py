@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from core.judgments import CLICK_SCALE, CLICK_SPEC, JUDGED_FILE
 from core.spark import cluster_errors
 from core.spark.clicks import examination_curve, examined_pairs
 from core.text import is_test_query
-from stages.judge.config import JudgeConfig, check_config
+from stages.judge.config import NIGHTLY, JudgeConfig, check_config, grading
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,7 @@ def judge(
         )
         return {"counts": counts, "outputs": {"judged": JUDGED_FILE}, "scale": _scale(cfg)}
 
-    # how long a nightly run keeps the set is no part of the grades: not in the input key
-    params = {k: v for k, v in asdict(cfg).items() if k != "keep_nights"}
+    params = grading(cfg)
     with cluster_errors(out):
         # every file hashed before it counts as up to date: a hand edit of judged.csv that keeps its size is caught
         return publish(out, "judge", code_fingerprint(__name__), inputs, params, build, force, upstreams, True)
@@ -139,7 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clean", type=Path, required=True, help="a `dssm clean` output (its impressions/)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--propensity", type=Path, help="a `dssm propensity` output: the examination curve (debias)")
-    add_config_options(p, JudgeConfig)
+    add_config_options(p, JudgeConfig, skip=NIGHTLY)  # a windowed `dssm run`'s keys
     add_spark_options(p)
 
 

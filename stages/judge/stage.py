@@ -1,9 +1,12 @@
 """The judge stage: a judged set graded from the logs' clicks, when logs come without one (stages/judge/job.py).
 
 In a windowed run the set a night grades is kept for `judge.keep_nights` nights: the nights evaluate,
-gate and plot their models on one evaluation set (one eval key, one gate-history series), and its test
-queries stay out of training as every night's do (PROTOCOL.md §3's split). The night after, a new set is
-graded from that night's window.
+gate and plot their models on one evaluation set (one eval key, one gate-history series). Its test
+queries (PROTOCOL.md §3's split) stay out of training as every night's do. With `judge.split=time` (the
+default) it is graded from the window's last day alone, the test day, which the stages that training
+reads leave out for as long as the set is in use (the clean stage sums the window without it): the set
+is traffic that no model under test trained on. The night after the last of `keep_nights`, a new set
+is graded from that night's last day.
 """
 
 from __future__ import annotations
@@ -13,15 +16,16 @@ from datetime import date
 from pathlib import Path
 
 from core.artifacts import altered, amend_manifest, read_manifest
+from core.errors import DssmError
 from core.stage import RunContext, StageOutput, run_data_stage
 
 log = logging.getLogger("dssm.flow")
 
 
 def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> StageOutput:
-    """Grade the clean stage's impressions by their clicks (over the propensity stage's expected
-    examinations with `judge.debias`), or keep the set an earlier night graded; evaluate and analyze
-    then read this judged set."""
+    """Grade the clean stage's impressions (of the test day, under the time split) by their clicks
+    (over the propensity stage's expected examinations with `judge.debias`), or keep the set an earlier
+    night graded; evaluate and analyze then read this judged set."""
     from core.spark import run_session
     from stages.judge.job import judge
 
@@ -29,28 +33,47 @@ def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> 
     kept = kept_set(ctx, out)
     if kept is not None:
         return kept
+    source = _test_day_output(ctx, Path(clean.path)) if ctx.test_day else Path(clean.path)
     spark = run_session(ctx.master)
     curve = Path(propensity.path) if propensity is not None else None
-    job = lambda: judge(spark, Path(clean.path), out, cfg, ctx.force, curve)  # noqa: E731
-    graded = run_data_stage("judge", clean.path, out, job)
+    job = lambda: judge(spark, source, out, cfg, ctx.force, curve)  # noqa: E731
+    graded = run_data_stage("judge", source, out, job)
     if ctx.window and not (read_manifest(out) or {}).get("built_on"):  # the night it was graded: its age
-        amend_manifest(out, {"built_on": ctx.window[-1]})
+        test_day = {"test_day": ctx.test_day} if ctx.test_day else {}
+        amend_manifest(out, {"built_on": ctx.window[-1], "split": split_of(ctx)} | test_day)
     return graded
+
+
+def split_of(ctx: RunContext) -> str:
+    """The split a windowed night grades its set by: judge.split, but "query" for a one-day window (the
+    time split would leave training no day)."""
+    return "time" if ctx.cfg.judge.split == "time" and len(ctx.window) > 1 else "query"
+
+
+def held_out_day(ctx: RunContext) -> str:
+    """The test day of the evaluation set this windowed night uses under the time split: the day the kept
+    set was graded from, or the window's last day when tonight grades a new one; "" under the query split."""
+    if not ctx.window or split_of(ctx) != "time":
+        if ctx.window and ctx.cfg.judge.split == "time":
+            log.warning("judge.split=time needs a window of two days or more: this one-day night uses the query split")
+        return ""
+    out = ctx.layout.output("judge")
+    return str(read_manifest(out).get("test_day", "")) if kept_set(ctx, out) is not None else ctx.window[-1]
 
 
 def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
     """The judged set an earlier night graded into `out`, when this windowed night is still within its
-    `keep_nights` and it is intact and graded with this config; else None (grade anew)."""
+    `keep_nights`, and it is intact and graded with this config and split; else None (grade anew)."""
+    from stages.judge.config import grading
+
     cfg = ctx.cfg.judge
     if not ctx.window or cfg.keep_nights <= 1 or ctx.force:
         return None
     manifest = read_manifest(out)
     if not manifest or manifest.get("stage") != "judge" or not manifest.get("built_on"):
         return None
-    from dataclasses import asdict
-
-    same = {k: v for k, v in manifest.get("params", {}).items() if k != "keep_nights"}
-    if same != {k: v for k, v in asdict(cfg).items() if k != "keep_nights"} or altered(out, manifest):
+    same = manifest.get("params") == grading(cfg) and manifest.get("split", "query") == split_of(ctx)
+    if not same or altered(out, manifest):
         return None
     age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(manifest["built_on"])).days
     if not 0 <= age < cfg.keep_nights:
@@ -59,3 +82,14 @@ def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
     log.info("judge: keeping the judged set graded on %s (night %d of %d)", manifest["built_on"], age + 1,
              cfg.keep_nights)  # fmt: skip
     return StageOutput.of_manifest("judge", out, manifest | {"skipped": True})
+
+
+def _test_day_output(ctx: RunContext, clean: Path) -> Path:
+    """The clean output of the test day alone, which the clean stage cleaned and left out of the window."""
+    held = (read_manifest(clean) or {}).get("held_out") or {}
+    if held.get("date") != ctx.test_day:
+        raise DssmError(
+            f"judge.split=time grades the window's last day, {ctx.test_day}, and {clean} holds no clean output "
+            "of it (no logs that day?); set judge.split=query to grade the whole window"
+        )
+    return Path(held["path"])

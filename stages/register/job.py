@@ -22,7 +22,6 @@ from scoring.handoff import REGISTERED_FILE, Registrable, read_models, read_regi
 log = logging.getLogger(__name__)
 
 
-
 def register(evaluation: Path, out: Path, run_date: str = "", force: bool = False) -> dict[str, Any]:
     """Register every model of `evaluation` (a `dssm evaluate` output) in its tracking store; writes
     OUT/registered.json ({model, eval_key, evaluation, versions: [{system, version, model_uri, run_id,
