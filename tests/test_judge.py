@@ -199,5 +199,16 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert held_out_day(context("2026-01-03")) == "2026-01-01"
     assert held_out_day(context("2026-01-04")) == "2026-01-04"
     assert held_out_day(context("2026-01-03", query_split)) == held_out_day(context("2026-01-03", days=1)) == ""
+    # the judge grades the test day's own clean output; where the clean stage held none out (a first night
+    # with one day of logs), the window's, on the query split
+    from stages.judge.stage import _test_day_output
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    write_manifest(clean, {"stage": "clean", "held_out": {"date": "2026-01-04", "path": "/days/dt=2026-01-04"}})
+    tonight = replace(context("2026-01-04"), test_day="2026-01-04")
+    assert _test_day_output(tonight, clean) == Path("/days/dt=2026-01-04")
+    write_manifest(clean, {"stage": "clean"})
+    assert _test_day_output(tonight, clean) is None
     (out / "judged.csv").write_text("search_term,product_title,relevance\ndrill,cordless drill,1.0\n")  # same size
     assert night("2026-01-02") is None

@@ -73,8 +73,9 @@ def test_an_empty_day_is_a_day_without_logs_and_bad_partition_names_are_listed(s
 
 def test_the_time_splits_test_day_is_cleaned_but_left_out_of_the_windows_sums(spark, log_root, tmp_path):
     """judge.split=time (issue 63): the test day is cleaned for the judge alone; the window's pairs, titles
-    and impressions, which training reads, are the other days'. A window whose only day is the test day
-    leaves nothing to train on: a clear error."""
+    and impressions, which training reads, are the other days'. A window whose only day with logs is the
+    test day (a first night) holds nothing out: the judge then grades that night on the query split. A
+    later night whose only day with logs is the kept set's test day has nothing to train on: a clear error."""
     import pyarrow.parquet as pq
 
     days, out, dates = tmp_path / "days", tmp_path / "clean", window_dates("2026-01-03", 3)
@@ -88,10 +89,13 @@ def test_the_time_splits_test_day_is_cleaned_but_left_out_of_the_windows_sums(sp
     assert sum(clicked) == sum(pq.read_table(days / "dt=2026-01-01" / "pairs").column("clicks").to_pylist())
     assert pq.read_table(out / "impressions").num_rows == pq.read_table(days / "dt=2026-01-01" / "impressions").num_rows
 
-    with pytest.raises(DssmError, match="logs on 2026-01-03 alone, the test day .* judge.split=query"):
-        clean_window(
-            spark, log_root.as_uri(), ["2026-01-03"], days, tmp_path / "c2", CleanConfig(), hold_out="2026-01-03"
-        )
+    only_test_day = clean_window(spark, log_root.as_uri(), ["2026-01-03"], days, tmp_path / "c2", CleanConfig(),
+                                 hold_out="2026-01-03")  # fmt: skip
+    assert "held_out" not in only_test_day and list(only_test_day["window"]["days"]) == ["2026-01-03"]
+    # a later night whose only day with logs is the kept set's test day: nothing training may read
+    with pytest.raises(DssmError, match="logs on 2026-01-03 alone, the test day of the evaluation set in use"):
+        clean_window(spark, log_root.as_uri(), window_dates("2026-01-04", 2), days, tmp_path / "c3", CleanConfig(),
+                     hold_out="2026-01-03")  # fmt: skip
 
 
 def test_a_window_without_any_logs_names_each_day_and_why(spark, tmp_path):

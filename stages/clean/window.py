@@ -20,7 +20,8 @@ not read, with a warning, and listed too.
 
 Under the judge's time split one day, the test day, is cleaned but held out of the window's sums
 (pairs, titles, impressions): the manifest's `held_out` names its own clean output, which only the
-judge stage reads (stages/judge/stage.py).
+judge stage reads (stages/judge/stage.py). A window whose only day with logs is the test day (a first
+night) holds nothing out: that night's set is graded on the query split.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def clean_window(
     """Clean each partition of `dates` present under `root` (a path or URI on any Hadoop file system)
     into `days_dir/dt=…` (skipped when its fingerprint is unchanged), then write the window's pairs
     and titles to `out`; returns its manifest. `hold_out`: a day cleaned but left out of the window's
-    sums (the time split's test day), named in the manifest's `held_out`."""
+    sums (the time split's test day, unless it is the only day with logs), named in the manifest's `held_out`."""
     present, bad = partitions(spark, root)
     for name, why in bad.items():
         log.warning("%s/%s is not read: %s", root, name, why)
@@ -130,17 +131,19 @@ def clean_window(
     }
     cleaned = sum(not m["skipped"] for m in manifests.values())
     held_out = {}
-    if hold_out in manifests:
+    if days == [hold_out] == dates[-1:]:  # a first night: the set is graded from the window (query split)
+        log.warning("window %s..%s: %s, the test day, is its only day with logs: not held out", dates[0], dates[-1],
+                    hold_out)  # fmt: skip
+    elif hold_out in manifests:
         days.remove(hold_out)
         held_out = {"date": hold_out, "path": str(days_dir / f"dt={hold_out}")}
         held_out["sha256"] = manifests.pop(hold_out)["content_sha256"]
         log.info("window %s..%s: day %s held out of the window's sums (the test day)", dates[0], dates[-1], hold_out)
-    if not days:
-        raise DssmError(
-            f"{root}: the window {dates[0]}..{dates[-1]} has logs on {hold_out} alone, the test day that "
-            "judge.split=time holds out of training: no day is left to train on (widen --window-days, wait for "
-            "a second day of logs, or set judge.split=query)"
-        )
+        if not days:  # the kept evaluation set's day is all that landed: training would read its traffic
+            raise DssmError(
+                f"{root}: the window {dates[0]}..{dates[-1]} has logs on {hold_out} alone, the test day of the "
+                "evaluation set in use, which training must not read: no day is left to train on"
+            )
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
     params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}
     # In the key, so that the manifest's lists stay true when only they change (a bad name appears).

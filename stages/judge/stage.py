@@ -16,7 +16,6 @@ from datetime import date
 from pathlib import Path
 
 from core.artifacts import altered, amend_manifest, read_manifest
-from core.errors import DssmError
 from core.stage import RunContext, StageOutput, run_data_stage
 
 log = logging.getLogger("dssm.flow")
@@ -33,14 +32,15 @@ def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> 
     kept = kept_set(ctx, out)
     if kept is not None:
         return kept
-    source = _test_day_output(ctx, Path(clean.path)) if ctx.test_day else Path(clean.path)
+    test_day = _test_day_output(ctx, Path(clean.path)) if ctx.test_day else None
+    source = test_day or Path(clean.path)
     spark = run_session(ctx.master)
     curve = Path(propensity.path) if propensity is not None else None
     job = lambda: judge(spark, source, out, cfg, ctx.force, curve)  # noqa: E731
     graded = run_data_stage("judge", source, out, job)
     if ctx.window and not (read_manifest(out) or {}).get("built_on"):  # the night it was graded: its age
-        test_day = {"test_day": ctx.test_day} if ctx.test_day else {}
-        amend_manifest(out, {"built_on": ctx.window[-1], "split": split_of(ctx)} | test_day)
+        split = {"split": "time", "test_day": ctx.test_day} if test_day else {"split": "query"}
+        amend_manifest(out, {"built_on": ctx.window[-1]} | split)
     return graded
 
 
@@ -84,12 +84,16 @@ def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
     return StageOutput.of_manifest("judge", out, manifest | {"skipped": True})
 
 
-def _test_day_output(ctx: RunContext, clean: Path) -> Path:
-    """The clean output of the test day alone, which the clean stage cleaned and left out of the window."""
+def _test_day_output(ctx: RunContext, clean: Path) -> Path | None:
+    """The clean output of the test day alone, which the clean stage cleaned and left out of the window;
+    None when it held nothing out (the test day without logs, or the window's only day with logs): this
+    night's set is then graded from the window, on the query split, and the next night's on the time split."""
     held = (read_manifest(clean) or {}).get("held_out") or {}
-    if held.get("date") != ctx.test_day:
-        raise DssmError(
-            f"judge.split=time grades the window's last day, {ctx.test_day}, and {clean} holds no clean output "
-            "of it (no logs that day?); set judge.split=query to grade the whole window"
-        )
-    return Path(held["path"])
+    if held.get("date") == ctx.test_day:
+        return Path(held["path"])
+    log.warning(
+        "judge: the test day %s was not held out of training (no logs that day, or no other day with logs): "
+        "tonight's set is graded from the window's days on the query split",
+        ctx.test_day,
+    )
+    return None
