@@ -133,6 +133,28 @@ def test_a_day_is_simulated_into_its_partition_deterministically_with_its_own_id
         simulate(pairs, tmp_path / "bad", replace(cfg, day="2026-13-01"), SOURCE)
 
 
+def test_a_drifting_query_mix_moves_the_head_queries_day_by_day(tmp_path):
+    """model.drift (issue 63's study): each day the popularity ranking rotates by drift·n queries, so a
+    later day's most frequent queries are others; without drift every day sends the same mix."""
+    from dataclasses import replace
+
+    from core.judgments import DEFAULT_CATALOGUE, read_judgments
+    from stages.simulate.config import ClickModel
+
+    pairs = read_judgments(DEFAULT_CATALOGUE)
+    cfg = SimulationConfig(impressions=3_000, shards=1, workers=1, day="2026-01-01", model=ClickModel(drift=0.2))
+
+    def head(name: str, day_cfg: SimulationConfig) -> set[str]:
+        simulate(pairs, tmp_path / name, day_cfg, SOURCE)
+        queries = Counter(norm(r["query"]) for r in well_formed(read_lines(tmp_path / name)) if r.get("query"))
+        return {q for q, _ in queries.most_common(20)}
+
+    first = head("d1", cfg)
+    assert len(first & head("d3", replace(cfg, day="2026-01-03"))) <= 4  # 40% of the ranking on: another head
+    still = replace(cfg, model=ClickModel())
+    assert len(head("s1", still) & head("s3", replace(still, day="2026-01-03"))) >= 14
+
+
 def well_formed(lines: list[str]) -> list[dict]:
     """The lines that parse to objects with a string impression_id and ts (the simulator's dirt aside)."""
     records = []

@@ -36,6 +36,9 @@ class ClickModel:
     dwell_base_ms: float = 5_000.0  # median dwell of an irrelevant click
     dwell_gain_ms: float = 55_000.0  # added to the median dwell at the top label
     days: float = 30.0  # the time span the log covers, in days
+    # the query mix's drift, for dated logs (`day`): each day after 2026-01-01 the popularity ranking moves this
+    # share of the queries on (a rotation: the head of day d is the queries d·drift·n ranks down); 0: every day alike
+    drift: float = 0.0
 
 
 @dataclass(frozen=True)

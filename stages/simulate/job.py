@@ -41,6 +41,7 @@ from core.schemas import CATALOGUE, CATALOGUE_FILE, TEST_PAIRS
 from core.text import is_test_query, norm
 from stages.simulate.config import (
     PROMOTED_BRANDS,
+    START_MS,
     ClickModel,
     DirtRates,
     SimulationConfig,
@@ -338,6 +339,8 @@ def simulate_shard(cat: JudgedQueries, cfg: SimulationConfig, shard: int, path: 
     model, dirt = cfg.model, cfg.dirt
     errors = ranker_errors(cat, model, cfg.seed) if model.ranker_bias else None
     popularity = np.arange(1, len(cat.queries) + 1, dtype=float) ** -model.zipf_exponent
+    days_on = (start_ms - START_MS) // 86_400_000 if cfg.day else 0
+    drift = round(model.drift * len(cat.queries) * days_on)
     cdf = np.cumsum(popularity / popularity.sum())
     users = max(1_000, cfg.impressions // 25)
     span_ms = length_ms / shards
@@ -371,6 +374,7 @@ def simulate_shard(cat: JudgedQueries, cfg: SimulationConfig, shard: int, path: 
             user_ids = rng.integers(0, users, int(starts.sum()))[np.cumsum(starts) - 1] if n_human else np.zeros(0, int)
             ts = (t0 + (made + np.arange(n_human)) * step_ms + rng.uniform(0, step_ms, n_human)).astype(np.int64)
             query_ids = np.minimum(np.searchsorted(cdf, rng.random(n_human)), len(cdf) - 1)
+            query_ids = (query_ids + drift) % len(cdf)  # popularity rank -> the query holding it today
             shown, clicked, dwell = _rank_and_click(cat, model, rng, query_ids, errors=errors)
             writer.write(
                 ts, user_ids, session_ids, query_ids, shown, clicked, dwell, rng.random(shown.shape) < dirt.dirty_title
@@ -441,7 +445,8 @@ def simulate(
         **({"log_format": cfg.log_format} if cfg.log_format != 1 else {}),  # v1 outputs keep their input key
         **({"day": cfg.day} if cfg.day else {}),
         **({"test_traffic": True} if cfg.test_traffic else {}),  # earlier outputs keep their input key
-        "click_model": asdict(cfg.model),
+        # without drift, outputs keep their input key
+        "click_model": {k: v for k, v in asdict(cfg.model).items() if k != "drift" or v},
         "dirt": asdict(cfg.dirt),
     }
 
