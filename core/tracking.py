@@ -41,13 +41,45 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "a") as handle:
+    with exclusive(Path(f"{path}.lock")):
+        yield
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """An exclusive flock on the file `lock` (created), released by the kernel when its holder dies."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def existing_store(tracking_uri: str, reader: str) -> None:
+    """Refuse a local sqlite store that is not there: opening it would create an empty one in its place,
+    and `reader` would then fail on a run or model it cannot find, naming neither."""
+    path = sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
+        raise DssmError(
+            f"{reader} reads the MLflow store that `dssm evaluate` logged to, {tracking_uri}, and it does not "
+            "exist (moved or deleted?)"
+        )
+
+
+@contextmanager
+def registry_lock(tracking_uri: str) -> Iterator[None]:
+    """An exclusive lock on registering into one store from this machine: beside a sqlite store, else in the
+    temp directory under the URI's hash (a server's registry shared between machines is not covered)."""
+    import hashlib
+    import tempfile
+
+    path = sqlite_path(tracking_uri)
+    name = hashlib.sha256(tracking_uri.encode()).hexdigest()[:16]
+    lock = Path(f"{path}.register.lock") if path is not None else Path(tempfile.gettempdir()) / f"dssm-{name}.lock"
+    with exclusive(lock):
+        yield
 
 
 def open_store(tracking_uri: str) -> None:

@@ -89,3 +89,28 @@ def close_parent(uri: str, parent: str, status: str, report: Path | None = None)
     if report is not None and report.is_file():
         client.log_artifact(parent, str(report))
     client.set_terminated(parent, status)
+
+
+def close_parent_on_the_way_out(uri: str, parent: str, status: str) -> None:
+    """`close_parent` for a flow run that failed or was stopped; when that fails in this process (a stop
+    can cut an import or a store connection half-way), once more in a fresh one, so that the parent does
+    not stay RUNNING until the next run on the work dir. Never raises: the flow's own error is the one
+    to report."""
+    import subprocess
+    import sys
+
+    try:
+        close_parent(uri, parent, status)
+        return
+    except Exception as e:
+        first = e
+    script = "import sys; from flows.parent_run import close_parent; close_parent(*sys.argv[1:])"
+    try:
+        done = subprocess.run([sys.executable, "-c", script, uri, parent, status], capture_output=True, timeout=60)
+        if done.returncode == 0:
+            log.info("MLflow: parent run %s marked %s by a fresh process (here: %r)", parent, status, first)
+            return
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+    except (OSError, subprocess.SubprocessError) as e:
+        why = [str(e)]
+    log.warning("MLflow: could not mark parent run %s %s: %r; then %s", parent, status, first, why[0])

@@ -34,7 +34,7 @@ from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, nested_under
 from flows.config import RunConfig
 from flows.guardian import ephemeral_api_gone
-from flows.parent_run import close_parent, drop_if_empty, open_parent
+from flows.parent_run import close_parent, close_parent_on_the_way_out, drop_if_empty, open_parent
 from flows.pipeline import PIPELINE, Stage, planned, walk
 from stages.train.stage import default_nproc
 
@@ -153,10 +153,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 if stopped:  # Prefect's handler took the signal while the flow ran: the watchdog starts here
                     begin(signal_of(e))
                 status = "KILLED" if stopped else "FAILED"
-                try:  # the flow's own error is the one to report, not a second one on the way out
-                    close_parent(ctx.mlflow_uri, parent, status)
-                except Exception as closing:
-                    logger.warning("MLflow: could not mark parent run %s %s: %s", parent, status, closing)
+                close_parent_on_the_way_out(ctx.mlflow_uri, parent, status)
                 if stopped and ephemeral_api_gone():  # nothing is left to record: the watchdog need not wait
                     end_now(signal_of(e), "Prefect's ephemeral API server ended with the same signal")
                 raise

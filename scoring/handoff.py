@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import DssmError
 from scoring.protocol import EvalQuery, EvalSet
 
 EVAL_SET_FILE = "eval_set.json"
@@ -99,4 +100,8 @@ REGISTERED_FILE = "registered.json"  # what the register stage hands the gate: t
 
 
 def read_registered(registered: Path) -> dict[str, Any]:
-    return json.loads((Path(registered) / REGISTERED_FILE).read_text(encoding="utf-8"))
+    path = Path(registered) / REGISTERED_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DssmError(f"{path} is not a `dssm register` output's JSON ({e}): register again") from None

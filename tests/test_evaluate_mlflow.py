@@ -153,6 +153,32 @@ def test_evaluate_defaults_to_a_local_store_beside_the_report(tmp_path, capsys):
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
+@pytest.mark.integration  # more than one process
+def test_two_registers_of_one_evaluation_at_once_register_each_model_once(tiny_data, tmp_path):
+    """The fresh probe of issue 63 (medium): two `dssm register` of one evaluation at once both found the model
+    unregistered and each registered it, two versions of one run. They take turns on the store's registry lock
+    now: while this test holds it, neither registers anything; after, the second finds the first's version."""
+    import time
+
+    from core.tracking import registry_lock
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    judged = write_judged(tmp_path / "judged.csv")
+    out, uri = tmp_path / "report", f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--model", str(model)]
+    assert dssm_main(["evaluate", *args, "--out", str(out)]) == 0
+    cmd = [sys.executable, "-m", "dssm.cli", "register", "--evaluation", str(out), "--out"]
+    client = mlflow.MlflowClient(uri)
+    with registry_lock(uri):
+        procs = [subprocess.Popen([*cmd, str(tmp_path / f"registered-{i}")], stderr=subprocess.PIPE) for i in (0, 1)]
+        time.sleep(8)  # time enough for both to start and reach the lock
+        assert [p.poll() for p in procs] == [None, None] and not client.search_model_versions("name='dssm-tiny'")
+    assert [p.wait(300) for p in procs] == [0, 0], [p.stderr.read()[-2000:] for p in procs]
+    docs = [json.loads((tmp_path / f"registered-{i}" / "registered.json").read_text()) for i in (0, 1)]
+    assert docs[0]["versions"] == docs[1]["versions"] and len(docs[0]["versions"]) == 1
+    assert [str(v.version) for v in client.search_model_versions("name='dssm-tiny'")] == ["1"]
+
+
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     judged = write_judged(tmp_path / "judged.csv")
     args = ["evaluate", "--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "r")]

@@ -139,6 +139,45 @@ def test_register_refuses_an_evaluation_damaged_without_changing_a_files_size(tm
     assert not (tmp_path / "registered").exists()
 
 
+def test_the_gate_refuses_a_registration_damaged_without_changing_a_files_size(tmp_path):
+    """The fresh probe of issue 63 (high): the gate checked registered.json by size only, so raising a
+    version's score in place, digit for digit, moved the champion alias to it. It is hashed now."""
+    from core.artifacts import write_manifest
+    from core.errors import DssmError
+    from stages.gate.job import gate
+
+    registered = tmp_path / "registered"
+    registered.mkdir()
+    (registered / "registered.json").write_text('{"versions": [{"metrics": {"ndcg@10": 18.07}}]}\n')
+    write_manifest(registered, {"stage": "register", "params": {"mlflow_uri": f"sqlite:///{tmp_path}/m.db"}})
+    doc = (registered / "registered.json").read_text()
+    (registered / "registered.json").write_text(doc.replace("18.07", "98.07"))  # the same size
+    with pytest.raises(DssmError, match=r"registered.json is not the file this output was built with"):
+        gate(registered, tmp_path / "gate")
+    assert not (tmp_path / "gate").exists()
+
+
+def test_register_and_gate_refuse_a_store_that_is_not_there_and_create_none(tmp_path):
+    """The fresh probe of issue 63 (medium): with the evaluation's sqlite store moved away, register and gate
+    created an empty one in its place and failed on a run or model they could not find."""
+    from core.artifacts import write_manifest
+    from core.errors import DssmError
+    from stages.gate.job import gate
+    from stages.register.job import register
+
+    store = tmp_path / "mlflow.db"
+    for stage, name in (("evaluate", "report.json"), ("register", "registered.json")):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / name).write_text("{}\n")
+        write_manifest(tmp_path / stage, {"stage": stage, "params": {"mlflow_uri": f"sqlite:///{store}"}})
+    missing = r"mlflow.db, and it does not exist \(moved or deleted\?\)"
+    with pytest.raises(DssmError, match=missing):
+        register(tmp_path / "evaluate", tmp_path / "r")
+    with pytest.raises(DssmError, match=missing):
+        gate(tmp_path / "register", tmp_path / "g")
+    assert not store.exists() and not (tmp_path / "r").exists() and not (tmp_path / "g").exists()
+
+
 def test_the_training_docs_say_which_loaders_unpickle_a_registered_model():
     """Issue 63's probe: docs/training.md said `--model models:/…` unpickles a pyfunc model; dssm's loaders
     read its files (scoring.serving.logged_files), and only MLflow's own loaders unpickle it."""

@@ -85,3 +85,27 @@ def test_experiments_open_on_their_runs_and_training_runs_are_named_by_encoder_a
     trained = f"sqlite:///{tmp_path}/train.db"
     runs = client(trained).search_runs([e.experiment_id for e in client(trained).search_experiments()])
     assert [r.info.run_name for r in runs] == ["lstm-seed7"]
+
+
+def test_a_parent_run_the_stopped_process_cannot_close_is_closed_by_a_fresh_one(tmp_path, monkeypatch, caplog):
+    """The fresh probe of issue 63 (medium): a SIGTERM while Spark started left the flow's parent run RUNNING
+    ("could not mark parent run … KILLED: 'c'": the stop had cut this process's MLflow client half-way).
+    The failure is made here by breaking close_parent in this process; a fresh process closes the run."""
+    import logging
+
+    import mlflow
+
+    from core.tracking import client, experiment_id
+    from flows import parent_run
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    parent = client(uri).create_run(experiment_id(uri, "flow")).info.run_id
+
+    def cut_half_way(*_):
+        raise KeyError("c")
+
+    monkeypatch.setattr(parent_run, "close_parent", cut_half_way)
+    caplog.set_level(logging.INFO, logger="dssm.flow")
+    parent_run.close_parent_on_the_way_out(uri, parent, "KILLED")
+    assert mlflow.MlflowClient(uri).get_run(parent).info.status == "KILLED"
+    assert "marked KILLED by a fresh process (here: KeyError('c'))" in caplog.text

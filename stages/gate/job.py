@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.errors import DssmError, NotADssmModel
 from core.tracking import client as mlflow_client
+from core.tracking import existing_store
 from scoring.handoff import ScoredOn, read_eval_set
 from scoring.protocol import metric_key
 from scoring.serving import CHAMPION, GATE_FILE, read_gate
@@ -195,8 +196,11 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
     (a decision per version) and OUT/gate-history.png; each decision also tags its evaluation run."""
     from scoring.handoff import read_registered
 
-    done = require_manifest(Path(registered), "register")
+    # every file hashed, not just sized: the versions and their scores are read from registered.json (a same-size
+    # edit must not move the alias)
+    done = require_manifest(Path(registered), "register", content=True)
     uri = done["params"]["mlflow_uri"]
+    existing_store(uri, "the gate")
     inputs = {"registered": {"path": str(registered), "sha256": done["content_sha256"]}}
 
     def build(tmp: Path) -> dict[str, Any]:

@@ -72,8 +72,14 @@ def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
     manifest = read_manifest(out)
     if not manifest or manifest.get("stage") != "judge" or not manifest.get("built_on"):
         return None
-    same = manifest.get("params") == grading(cfg) and manifest.get("split", "query") == split_of(ctx)
-    if not same or altered(out, manifest):
+    built_on, split = manifest["built_on"], manifest.get("split", "query")
+    if manifest.get("params") != grading(cfg) or split != split_of(ctx):
+        log.warning("judge: the judged set of %s was graded with other judge settings or split (%s); grading a new "
+                    "one: a new evaluation series starts", built_on, split)  # fmt: skip
+        return None
+    if problem := altered(out, manifest):
+        log.warning("judge: the judged set of %s is damaged (%s); grading a new one: a new evaluation series "
+                    "starts", built_on, problem)  # fmt: skip
         return None
     age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(manifest["built_on"])).days
     if not 0 <= age < cfg.keep_nights:

@@ -16,7 +16,7 @@ from typing import Any
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.stopping import is_stop
 from core.tracking import client as mlflow_client
-from core.tracking import use_store
+from core.tracking import existing_store, registry_lock, use_store
 from scoring.handoff import REGISTERED_FILE, Registrable, read_models, read_registered
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ def register(evaluation: Path, out: Path, run_date: str = "", force: bool = Fals
     # every file hashed, not just sized: what is registered is read from them (a same-size edit must not pass)
     evaluated = require_manifest(Path(evaluation), "evaluate", content=True)
     uri = evaluated["params"]["mlflow_uri"]
+    existing_store(uri, "register")
     inputs = {"evaluation": {"path": str(evaluation), "sha256": evaluated["content_sha256"]}}
     params = {"run_date": run_date, "mlflow_uri": uri}
 
@@ -37,7 +38,9 @@ def register(evaluation: Path, out: Path, run_date: str = "", force: bool = Fals
 
         dataset, key, models = read_models(Path(evaluation))
         name = registered_name(dataset)
-        versions = [_register_one(uri, name, m, run_date) for m in models]
+        # "already registered?" then "register": two registers of one evaluation at once would both see no version
+        with registry_lock(uri):
+            versions = [_register_one(uri, name, m, run_date) for m in models]
         doc = {"model": name, "eval_key": key, "evaluation": str(evaluation), "versions": versions}
         (tmp / REGISTERED_FILE).write_text(json.dumps(doc, indent=2) + "\n")
         return {"counts": {"versions": len(versions)}}
