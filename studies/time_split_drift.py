@@ -11,7 +11,8 @@ Per seed (the logs' and the models' seed):
    dssm) trained on 01-02..03; its judged set T graded from the clicks of 01-04 alone;
 3. the query split's set Q graded by `dssm judge` from the whole window's clicks (01-02..04);
 4. the truth: human grades (the catalogue's labels) of the test queries users sent at least
-   MIN_SENT times on the next two days, 01-05..06;
+   MIN_SENT times on the next two days, 01-05..06 (and of the other queries, whose validation queries fit
+   the hybrids);
 5. one `dssm evaluate` per set of the same eight systems (BM25, MiniLM, the three models and each one's
    fusion with BM25) and Kendall's τ-b between the sets' rankings of them.
 Finished outputs are kept: a rerun redoes nothing that is up to date. Writes WORKDIR/drift.json and
@@ -82,14 +83,15 @@ def run_seed(work: Path, seed: int, impressions: int, drift: float) -> dict:
 
 
 def truth_set(next_days: Path, path: Path) -> Path:
-    """The catalogue's human grades of the test queries sent at least MIN_SENT times on the next days."""
+    """The catalogue's human grades of the test queries sent at least MIN_SENT times on the next days, and of
+    every other query (evaluate fits the hybrids on the validation queries' grades; it scores test queries only)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     sent = pq.read_table(next_days / "impressions", columns=["query"]).column("query")
     counts = pc.value_counts(sent).to_pylist()
     queries = {c["values"] for c in counts if c["counts"] >= MIN_SENT and is_test_query(c["values"])}
-    rows = [p for p in read_judgments(DEFAULT_CATALOGUE) if norm(p.query) in queries]
+    rows = [p for p in read_judgments(DEFAULT_CATALOGUE) if (q := norm(p.query)) in queries or not is_test_query(q)]
     with open(path, "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([CLICK_SPEC.query_col, CLICK_SPEC.title_col, CLICK_SPEC.label_col])
