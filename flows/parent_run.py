@@ -94,8 +94,9 @@ def close_parent(uri: str, parent: str, status: str, report: Path | None = None)
 def close_parent_on_the_way_out(uri: str, parent: str, status: str) -> None:
     """`close_parent` for a flow run that failed or was stopped; when that fails in this process (a stop
     can cut an import or a store connection half-way), once more in a fresh one, so that the parent does
-    not stay RUNNING until the next run on the work dir. Never raises: the flow's own error is the one
-    to report."""
+    not stay RUNNING until the next run on the work dir. The fresh process has a session of its own: if
+    it outlasts CLOSE_WAIT_SECONDS (within a stop's grace) it goes on after this process has ended. Never
+    raises: the flow's own error is the one to report."""
     import subprocess
     import sys
 
@@ -106,11 +107,20 @@ def close_parent_on_the_way_out(uri: str, parent: str, status: str) -> None:
         first = e
     script = "import sys; from flows.parent_run import close_parent; close_parent(*sys.argv[1:])"
     try:
-        done = subprocess.run([sys.executable, "-c", script, uri, parent, status], capture_output=True, timeout=60)
-        if done.returncode == 0:
-            log.info("MLflow: parent run %s marked %s by a fresh process (here: %r)", parent, status, first)
-            return
-        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-    except (OSError, subprocess.SubprocessError) as e:
-        why = [str(e)]
-    log.warning("MLflow: could not mark parent run %s %s: %r; then %s", parent, status, first, why[0])
+        child = subprocess.Popen([sys.executable, "-c", script, uri, parent, status], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        code = child.wait(timeout=CLOSE_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        log.warning("MLflow: parent run %s is being marked %s by a fresh process (pid %d; here: %r)", parent, status,
+                    child.pid, first)  # fmt: skip
+        return
+    except OSError as e:
+        code = f"{e}"
+    if code == 0:
+        log.info("MLflow: parent run %s marked %s by a fresh process (here: %r)", parent, status, first)
+    else:
+        log.warning("MLflow: could not mark parent run %s %s: %r; nor a fresh process (exit %s)", parent, status,
+                    first, code)  # fmt: skip
+
+
+CLOSE_WAIT_SECONDS = 6.0  # of core.stopping's 10 s grace after a stop

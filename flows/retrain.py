@@ -134,7 +134,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                 if outputs.get("propensity"):
                     log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
                 if ctx.window:
-                    log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done)
+                    log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done, ctx.test_day)
                 evaluated, gated = outputs.get("evaluate"), outputs.get("gate")
                 report = None
                 if evaluated is not None:
@@ -199,8 +199,9 @@ def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> No
             client.log_artifact(run_id, str(Path(propensity_dir) / name), "propensity")
 
 
-def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict]) -> None:
-    """A windowed run's dates and partition hashes as dataset inputs and tags of its training runs
+def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict], test_day: str = "") -> None:
+    """A windowed run's dates and partition hashes (the days summed: not the time split's test day,
+    tagged `test_day`) as dataset inputs and tags of its training runs
     (evaluation tags the versions it registers with the run date). Logged on every run, skipped
     training included: MLflow keeps one input per dataset digest, so a run killed before this point
     is completed by its rerun."""
@@ -213,6 +214,8 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
         log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
         client.set_tag(run_id, "window", f"{window[0]}..{window[-1]}")
         client.set_tag(run_id, "run_date", window[-1])
+        if test_day:
+            client.set_tag(run_id, "test_day", test_day)
 
 
 def write_summary(

@@ -502,8 +502,9 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     first_set = summary["judged_set"]["dataset_sha256"]
     assert first_set == night1["judged_set"]["dataset_sha256"]
     experiments = [e.experiment_id for e in client.search_experiments()]
-    nights = client.search_runs(experiments, "tags.test_day = '2026-01-01'")  # the flow's parent runs: one series
+    nights = client.search_runs(experiments, "tags.test_day = '2026-01-01' and tags.kind = 'flow'")  # parents
     assert len(nights) == 2 and {r.data.tags["dataset_sha256"] for r in nights} == {first_set}
+    assert run.data.tags["test_day"] == "2026-01-01"  # the training run: the day it did not read
     series = [v for v in client.search_model_versions(f"name='{gate['model']}'") if any(
         k.startswith("retrieval_ndcg_at_10.") for k in v.tags)]  # fmt: skip
     assert len({k for v in series for k in v.tags if k.startswith("retrieval_ndcg_at_10.")}) == 1
@@ -527,6 +528,7 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     window = json.loads((work / "clean" / "manifest.json").read_text())
     assert list(window["window"]["days"]) == ["2026-01-02"] and window["counts"]["days"] == 1
     assert held_out()["date"] == "2026-01-03" and summary["judged_set"]["test_day"] == "2026-01-03"
+    assert json.loads((work / "judge" / "manifest.json").read_text())["inputs"]["clean"]["path"] == held_out()["path"]
     assert stages["clean"]["counts"]["days_cleaned"] == 1 and summary["gate"][0]["version"] == "3"
     # its third night: keep_nights=2 are over, so night 3 graded a new set (a new series from here)
     assert not stages["judge"]["skipped"] and summary["judged_set"]["dataset_sha256"] != first_set

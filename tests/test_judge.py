@@ -199,6 +199,17 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert held_out_day(context("2026-01-03")) == "2026-01-01"
     assert held_out_day(context("2026-01-04")) == "2026-01-04"
     assert held_out_day(context("2026-01-03", query_split)) == held_out_day(context("2026-01-03", days=1)) == ""
+    # a set graded on the query split because its test day had no logs is kept by the time split's nights,
+    # with no day held out of training (review of issue 63: a nightly 03:00 run on a day not yet landed)
+    fallback = tmp_path / "fallback"
+    (fallback / "judge").mkdir(parents=True)
+    (fallback / "judge" / "judged.csv").write_text((out / "judged.csv").read_text())
+    write_manifest(fallback / "judge", {"stage": "judge", "params": grading(cfg.judge)})
+    amend_manifest(fallback / "judge", {"built_on": "2026-01-01", "split": "query", "fallback": True})
+    at = replace(context("2026-01-03"), layout=Layout(fallback))
+    assert kept_set(at, fallback / "judge") is not None and held_out_day(at) == ""
+    amend_manifest(fallback / "judge", {"fallback": False})  # a query-split set proper: not a time night's
+    assert kept_set(at, fallback / "judge") is None and held_out_day(at) == "2026-01-03"
     # the judge grades the test day's own clean output; where the clean stage held none out (a first night
     # with one day of logs), the window's, on the query split
     from stages.judge.stage import _test_day_output

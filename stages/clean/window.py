@@ -142,7 +142,8 @@ def clean_window(
         if not days:  # the kept evaluation set's day is all that landed: training would read its traffic
             raise DssmError(
                 f"{root}: the window {dates[0]}..{dates[-1]} has logs on {hold_out} alone, the test day of the "
-                "evaluation set in use, which training must not read: no day is left to train on"
+                "evaluation set in use, which training must not read: no day is left to train on (wait for "
+                "tonight's logs, or set judge.split=query)"
             )
     inputs = {f"dt={d}": {"path": str(days_dir / f"dt={d}"), "sha256": manifests[d]["content_sha256"]} for d in days}
     params = {"window": [dates[0], dates[-1]], "rows_per_file": cfg.rows_per_file, "impressions": cfg.impressions}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from core.errors import DssmError
+
+Split = Literal["time", "query"]
+SPLITS = get_args(Split)
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,9 @@ class JudgeConfig:
     # windowed runs: "time" grades the set from the window's last day, which no stage that training reads
     # sees while the set is in use (a one-day window: "query"); "query": from every day of the window. Both
     # evaluate on PROTOCOL.md §3's test queries only, which training never reads
-    split: str = "time"
+    split: Split = "time"
 
 
-SPLITS = ("time", "query")
 NIGHTLY = ("keep_nights", "split")  # how a windowed run uses its sets: the flow's business, not `dssm judge`'s
 
 

@@ -16,6 +16,7 @@ from datetime import date
 from pathlib import Path
 
 from core.artifacts import altered, amend_manifest, read_manifest
+from core.errors import DssmError
 from core.stage import RunContext, StageOutput, run_data_stage
 
 log = logging.getLogger("dssm.flow")
@@ -30,6 +31,13 @@ def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> 
 
     cfg, out = ctx.cfg.judge, ctx.layout.output("judge")
     kept = kept_set(ctx, out)
+    # the run decided its test day before clean ran (held_out_day): judge/ must not have changed since
+    if kept is not None:
+        kept_day = str(read_manifest(out).get("test_day", ""))
+    else:  # a new set: tonight's last day under the time split
+        kept_day = ctx.window[-1] if ctx.test_day else ""
+    if kept_day != ctx.test_day:
+        raise DssmError(f"{out} changed while this run ran (its test day is not {ctx.test_day or 'none'}): run again")
     if kept is not None:
         return kept
     test_day = _test_day_output(ctx, Path(clean.path)) if ctx.test_day else None
@@ -40,6 +48,8 @@ def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> 
     graded = run_data_stage("judge", source, out, job)
     if ctx.window and not (read_manifest(out) or {}).get("built_on"):  # the night it was graded: its age
         split = {"split": "time", "test_day": ctx.test_day} if test_day else {"split": "query"}
+        if ctx.test_day and not test_day:  # the time split's fallback: kept as such for its nights
+            split["fallback"] = True
         amend_manifest(out, {"built_on": ctx.window[-1]} | split)
     return graded
 
@@ -55,15 +65,18 @@ def held_out_day(ctx: RunContext) -> str:
     set was graded from, or the window's last day when tonight grades a new one; "" under the query split."""
     if not ctx.window or split_of(ctx) != "time":
         if ctx.window and ctx.cfg.judge.split == "time":
-            log.warning("judge.split=time needs a window of two days or more: this one-day night uses the query split")
+            log.info("judge.split=time needs a window of two days or more: a one-day night uses the query split")
         return ""
     out = ctx.layout.output("judge")
-    return str(read_manifest(out).get("test_day", "")) if kept_set(ctx, out) is not None else ctx.window[-1]
+    kept = kept_set(ctx, out, quiet=True)
+    return str(read_manifest(out).get("test_day", "")) if kept is not None else ctx.window[-1]
 
 
-def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
+def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | None:
     """The judged set an earlier night graded into `out`, when this windowed night is still within its
-    `keep_nights`, and it is intact and graded with this config and split; else None (grade anew)."""
+    `keep_nights`, and it is intact and graded with this config and split (a time-split night keeps a
+    set that fell back to the query split: its test day had no logs); else None (grade anew). `quiet`:
+    decide without logging why (the run's first look, before its stages)."""
     from stages.judge.config import grading
 
     cfg = ctx.cfg.judge
@@ -72,21 +85,27 @@ def kept_set(ctx: RunContext, out: Path) -> StageOutput | None:
     manifest = read_manifest(out)
     if not manifest or manifest.get("stage") != "judge" or not manifest.get("built_on"):
         return None
+    say = (lambda *a: None) if quiet else log.warning
     built_on, split = manifest["built_on"], manifest.get("split", "query")
-    if manifest.get("params") != grading(cfg) or split != split_of(ctx):
-        log.warning("judge: the judged set of %s was graded with other judge settings or split (%s); grading a new "
-                    "one: a new evaluation series starts", built_on, split)  # fmt: skip
+    fell_back = split == "query" and manifest.get("fallback") and split_of(ctx) == "time"
+    why = ""
+    if manifest.get("params") != grading(cfg):
+        why = "it was graded with other judge settings"
+    elif split != split_of(ctx) and not fell_back:
+        why = f"it was graded on the {split} split ({'before judge.split existed; ' if 'split' not in manifest else ''}"
+        why += f"this night's: {split_of(ctx)})"
+    elif problem := altered(out, manifest):
+        why = f"it is damaged ({problem})"
+    if why:
+        say("judge: the judged set of %s is not kept, %s: grading a new one, a new evaluation series", built_on, why)
         return None
-    if problem := altered(out, manifest):
-        log.warning("judge: the judged set of %s is damaged (%s); grading a new one: a new evaluation series "
-                    "starts", built_on, problem)  # fmt: skip
-        return None
-    age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(manifest["built_on"])).days
+    age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(built_on)).days
     if not 0 <= age < cfg.keep_nights:
-        log.info("judge: the judged set of %s is %d nights old; grading a new one", manifest["built_on"], age)
+        if not quiet:
+            log.info("judge: the judged set of %s is %d nights old; grading a new one", built_on, age)
         return None
-    log.info("judge: keeping the judged set graded on %s (night %d of %d)", manifest["built_on"], age + 1,
-             cfg.keep_nights)  # fmt: skip
+    if not quiet:
+        log.info("judge: keeping the judged set graded on %s (night %d of %d)", built_on, age + 1, cfg.keep_nights)
     return StageOutput.of_manifest("judge", out, manifest | {"skipped": True})
 
 
