@@ -179,6 +179,33 @@ def test_two_registers_of_one_evaluation_at_once_register_each_model_once(tiny_d
     assert [str(v.version) for v in client.search_model_versions("name='dssm-tiny'")] == ["1"]
 
 
+@pytest.mark.integration  # more than one process
+def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_runs(tiny_data, tmp_path):
+    """The re-probe of issue 63 (high): `dssm gate` run by hand loaded a champion never measured on the set from
+    ./mlflow.db of its working directory, not from the store the evaluation logged to: it scored another
+    store's champion (or failed on a model it could not find) and left an empty store behind."""
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    store = tmp_path / "store" / "mlflow.db"
+    common = ["--encoding", "utf-8", "--dataset", "tiny", "--model", str(model), f"--mlflow-uri=sqlite:///{store}"]
+    first = write_judged(tmp_path / "judged.csv")
+    assert evaluate_register_gate("--judgments", str(first), *common, "--out", str(tmp_path / "e1"))[0]["promoted"]
+    rows = first.read_text().splitlines()  # six rows a query: half the queries, another set (another eval key)
+    second = tmp_path / "half.csv"
+    second.write_text("\n".join(rows[: 1 + 6 * (len(rows) // 12)]) + "\n")
+    assert dssm_main(["evaluate", "--judgments", str(second), *common, "--out", str(tmp_path / "e2")]) == 0
+    assert dssm_main(["register", "--evaluation", str(tmp_path / "e2"), "--out", str(tmp_path / "r2")]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    gate = ["gate", "--registered", str(tmp_path / "r2"), "--out", str(tmp_path / "g2")]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # a shell's, not this process's
+    done = subprocess.run([sys.executable, "-m", "dssm.cli", *gate], cwd=elsewhere, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    decision = json.loads((tmp_path / "g2" / "gate.json").read_text())[0]
+    assert str(decision["champion_version"]) == "1" and "champion v1" in decision["reason"], decision
+    assert not (elsewhere / "mlflow.db").exists()
+
+
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     judged = write_judged(tmp_path / "judged.csv")
     args = ["evaluate", "--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "r")]

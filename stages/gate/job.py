@@ -25,7 +25,7 @@ from mlflow.exceptions import MlflowException
 from core.artifacts import code_fingerprint, publish, require_manifest
 from core.errors import DssmError, NotADssmModel
 from core.tracking import client as mlflow_client
-from core.tracking import existing_store
+from core.tracking import existing_store, use_store
 from scoring.handoff import ScoredOn, read_eval_set
 from scoring.protocol import metric_key
 from scoring.serving import CHAMPION, GATE_FILE, read_gate
@@ -209,6 +209,7 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
         scored = functools.cache(lambda: read_eval_set(Path(doc["evaluation"])))
         metric = metric_key(cfg.metric)
         client = mlflow_client(uri)
+        use_store(uri)  # a champion's models:/ URI is found in the evaluation's store, wherever the gate runs
         score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
         decisions = []
         for v in doc["versions"]:
