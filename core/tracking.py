@@ -189,7 +189,14 @@ _USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
 def default_tracking_uri(work: Path) -> str:
     """The default tracking URI: $MLFLOW_TRACKING_URI as the command started with (e.g. the local
     stack's server), else a sqlite store in the work dir."""
-    return _USER_TRACKING_URI or f"sqlite:///{Layout(work).mlflow_db.resolve()}"
+    return absolute_store(_USER_TRACKING_URI or f"sqlite:///{Layout(work).mlflow_db.resolve()}")
+
+
+def absolute_store(tracking_uri: str) -> str:
+    """A sqlite tracking URI with its database path made absolute (`sqlite:///mlflow.db` is relative to the
+    working directory): recorded in a manifest, it must name the same store for a step run from elsewhere."""
+    path = sqlite_path(tracking_uri)
+    return f"{SQLITE}{path.resolve()}" if path is not None and not path.is_absolute() else tracking_uri
 
 
 def log_datasets(tracking_uri: str, run_id: str, datasets: list[tuple[str, str, str, str]]) -> None:

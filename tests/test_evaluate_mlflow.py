@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import evaluate_register_gate, free_port, http_service, tiny_model, write_judged
 
+from core.errors import DssmError
 from core.text import is_test_query
 from dssm.cli import main as dssm_main
 from infra.stack import MLFLOW_SERVER_ENV
@@ -180,20 +181,26 @@ def test_two_registers_of_one_evaluation_at_once_register_each_model_once(tiny_d
 
 
 @pytest.mark.integration  # more than one process
-def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_runs(tiny_data, tmp_path):
-    """The re-probe of issue 63 (high): `dssm gate` run by hand loaded a champion never measured on the set from
-    ./mlflow.db of its working directory, not from the store the evaluation logged to: it scored another
-    store's champion (or failed on a model it could not find) and left an empty store behind."""
+def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_runs(tiny_data, tmp_path, monkeypatch):
+    """The re-probes of issue 63 (high): `dssm gate` run by hand loaded a champion never measured on the set from
+    ./mlflow.db of its working directory, not from the store the evaluation logged to; a relative
+    `--mlflow-uri` and a relative `--evaluation` were recorded as given, so a gate run elsewhere opened another
+    store or read another directory's eval set. Both are recorded absolute now, and the gate refuses an eval
+    set that is not the one the versions were measured on."""
+    from stages.gate.job import _eval_set_of
+
     model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
-    store = tmp_path / "store" / "mlflow.db"
-    common = ["--encoding", "utf-8", "--dataset", "tiny", "--model", str(model), f"--mlflow-uri=sqlite:///{store}"]
+    monkeypatch.chdir(tmp_path)
+    common = ["--encoding", "utf-8", "--dataset", "tiny", "--model", str(model), "--mlflow-uri=sqlite:///store/m.db"]
     first = write_judged(tmp_path / "judged.csv")
-    assert evaluate_register_gate("--judgments", str(first), *common, "--out", str(tmp_path / "e1"))[0]["promoted"]
+    assert evaluate_register_gate("--judgments", str(first), *common, "--out", "e1")[0]["promoted"]
     rows = first.read_text().splitlines()  # six rows a query: half the queries, another set (another eval key)
     second = tmp_path / "half.csv"
     second.write_text("\n".join(rows[: 1 + 6 * (len(rows) // 12)]) + "\n")
-    assert dssm_main(["evaluate", "--judgments", str(second), *common, "--out", str(tmp_path / "e2")]) == 0
-    assert dssm_main(["register", "--evaluation", str(tmp_path / "e2"), "--out", str(tmp_path / "r2")]) == 0
+    assert dssm_main(["evaluate", "--judgments", str(second), *common, "--out", "e2"]) == 0
+    assert dssm_main(["register", "--evaluation", "e2", "--out", "r2"]) == 0
+    registered = json.loads((tmp_path / "r2" / "registered.json").read_text())
+    assert registered["evaluation"] == str(tmp_path / "e2")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     gate = ["gate", "--registered", str(tmp_path / "r2"), "--out", str(tmp_path / "g2")]
@@ -203,7 +210,9 @@ def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_run
     assert done.returncode == 0, done.stderr[-2000:]
     decision = json.loads((tmp_path / "g2" / "gate.json").read_text())[0]
     assert str(decision["champion_version"]) == "1" and "champion v1" in decision["reason"], decision
-    assert not (elsewhere / "mlflow.db").exists()
+    assert not (elsewhere / "mlflow.db").exists() and not (elsewhere / "store").exists()
+    with pytest.raises(DssmError, match=r"holds eval set \w+, not \w+ that the versions were measured on"):
+        _eval_set_of(registered | {"evaluation": str(tmp_path / "e1")})
 
 
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):

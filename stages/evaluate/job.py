@@ -17,8 +17,8 @@ from core.errors import DssmError
 from core.judgments import JudgedSet
 from core.stopping import is_stop
 from core.text import is_test_query
+from core.tracking import absolute_store, default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags
 from core.tracking import client as mlflow_client
-from core.tracking import default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags
 from scoring.baselines import BaselineParams
 from scoring.catalogue import Catalogue, embedding, evaluate_retrieval, fit_fusion
 from scoring.handoff import Registrable, ScoredOn, eval_key, write_eval_set, write_models
@@ -54,7 +54,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Run the evaluation; returns report.json's content."""
     started = time.perf_counter()
     out = Path(cfg.out)
-    uri = cfg.mlflow_uri or default_tracking_uri(out.resolve().parent)
+    uri = absolute_store(cfg.mlflow_uri) if cfg.mlflow_uri else default_tracking_uri(out.resolve().parent)
     done: dict[str, Any] = {}
 
     def build(tmp: Path) -> dict[str, Any]:

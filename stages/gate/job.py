@@ -206,7 +206,7 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
     def build(tmp: Path) -> dict[str, Any]:
         doc = read_registered(Path(registered))
         name, key = doc["model"], doc["eval_key"]
-        scored = functools.cache(lambda: read_eval_set(Path(doc["evaluation"])))
+        scored = functools.cache(lambda: _eval_set_of(doc))
         metric = metric_key(cfg.metric)
         client = mlflow_client(uri)
         use_store(uri)  # a champion's models:/ URI is found in the evaluation's store, wherever the gate runs
@@ -270,6 +270,20 @@ def night_trend(
             value, median - value, len(earlier), median, cfg.decline_tolerance,
         )  # fmt: skip
     return trend
+
+
+def _eval_set_of(doc: dict[str, Any]) -> ScoredOn:
+    """The eval set the registered versions were measured on, refused unless it is that set (its key): a
+    champion scored on another set would be tagged with this set's score."""
+    from scoring.handoff import eval_key
+
+    on = read_eval_set(Path(doc["evaluation"]))
+    if eval_key(on.eval_set) != doc["eval_key"]:
+        raise DssmError(
+            f"gate: {doc['evaluation']} holds eval set {eval_key(on.eval_set)}, not {doc['eval_key']} that the "
+            "versions were measured on (the evaluation was redone or the path names another): register again"
+        )
+    return on
 
 
 def _score_uri(uri: str, scored: Callable[[], ScoredOn], retrieval: bool) -> float:

@@ -41,7 +41,8 @@ def register(evaluation: Path, out: Path, run_date: str = "", force: bool = Fals
         # "already registered?" then "register": two registers of one evaluation at once would both see no version
         with registry_lock(uri):
             versions = [_register_one(uri, name, m, run_date) for m in models]
-        doc = {"model": name, "eval_key": key, "evaluation": str(evaluation), "versions": versions}
+        # absolute: the gate reads the evaluation's eval set from it, wherever it runs
+        doc = {"model": name, "eval_key": key, "evaluation": str(Path(evaluation).resolve()), "versions": versions}
         (tmp / REGISTERED_FILE).write_text(json.dumps(doc, indent=2) + "\n")
         return {"counts": {"versions": len(versions)}}
 
