@@ -33,7 +33,13 @@ def save_checkpoint(out: Path, state: dict[str, Any], step: int, keep: int) -> P
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"step-{step:07d}.pt"
     tmp = out / f".{path.name}.tmp"
-    torch.save(plain_state(state), tmp)
+    for stale in out.glob(".step-*.pt.tmp"):  # a process killed mid-write (SIGKILL) left it
+        stale.unlink(missing_ok=True)
+    try:
+        torch.save(plain_state(state), tmp)
+    except BaseException:  # a stop (SIGTERM, ^C) mid-write: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)  # a reader never sees a half-written checkpoint
     last_tmp = out / f".{LAST}.tmp"
     if last_tmp.exists():

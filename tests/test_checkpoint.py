@@ -238,3 +238,27 @@ def test_checkpoints_come_by_time_when_steps_would_not(tiny_data, tmp_path):
     assert len(steps) >= 2 and steps[-1] == final and steps[-2] == final - 1  # every step was due by the clock
     untimed = tiny_model(tiny_data, tmp_path / "untimed", "epochs=3", by_steps, "checkpoint_seconds=0")
     assert [read_checkpoint(p)["step"] for p in untimed.glob("step-*.pt")] == [final]
+
+
+def test_a_stop_mid_write_leaves_no_partial_checkpoint_and_a_killed_ones_is_removed(tmp_path, monkeypatch):
+    """Issue 63's fourth probe (medium): a SIGTERM while torch.save wrote a checkpoint left
+    `.step-N.pt.tmp`, half-written, beside the finished ones. A stop now removes it; one that a SIGKILL
+    left is removed by the next save."""
+    import torch
+
+    from core.stopping import Stopped
+    from modeling import checkpoint
+
+    state = {"step": 1, "model": {"w": torch.zeros(2)}}
+    (tmp_path / ".step-0000001.pt.tmp").write_bytes(b"half")  # a SIGKILLed writer's
+    checkpoint.save_checkpoint(tmp_path, state, 2, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]
+
+    def stopped_mid_write(obj, path):
+        Path(path).write_bytes(b"half")
+        raise Stopped(15)
+
+    monkeypatch.setattr(checkpoint.torch, "save", stopped_mid_write)
+    with pytest.raises(Stopped):
+        checkpoint.save_checkpoint(tmp_path, state, 3, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]
