@@ -121,19 +121,26 @@ def test_a_champion_that_is_no_dssm_model_is_replaced_by_the_gate_with_a_warning
     assert not marker.exists()
 
 
+def edited_in_place(output: Path, stage: str, name: str, text: str, old: str, new: str) -> Path:
+    """A published `stage` output holding `name` (`text`), whose `old` is then replaced by `new` of the same
+    size: what a check by file size alone lets through."""
+    from core.artifacts import write_manifest
+
+    output.mkdir()
+    (output / name).write_text(text)
+    write_manifest(output, {"stage": stage, "params": {"mlflow_uri": f"sqlite:///{output.parent}/m.db"}})
+    (output / name).write_text(text.replace(old, new))
+    return output
+
+
 def test_register_refuses_an_evaluation_damaged_without_changing_a_files_size(tmp_path):
     """Issue 63's probe: `dssm register` checked the evaluation's files by size only, so a same-size edit of
     its report.json passed. What is registered is read from those files: they are hashed now."""
-    from core.artifacts import write_manifest
     from core.errors import DssmError
     from stages.register.job import register
 
-    evaluation = tmp_path / "eval"
-    evaluation.mkdir()
-    (evaluation / "report.json").write_text('{"systems": {"lstm": {"ndcg@10": 0.5}}}\n')
-    write_manifest(evaluation, {"stage": "evaluate", "params": {"mlflow_uri": f"sqlite:///{tmp_path}/m.db"}})
-    report = (evaluation / "report.json").read_text()
-    (evaluation / "report.json").write_text(report.replace("0.5", "0.9"))  # the same size
+    evaluation = edited_in_place(tmp_path / "eval", "evaluate", "report.json",
+                                 '{"systems": {"lstm": {"ndcg@10": 0.5}}}\n', "0.5", "0.9")  # fmt: skip
     with pytest.raises(DssmError, match=r"report.json is not the file this output was built with"):
         register(evaluation, tmp_path / "registered")
     assert not (tmp_path / "registered").exists()
@@ -142,16 +149,11 @@ def test_register_refuses_an_evaluation_damaged_without_changing_a_files_size(tm
 def test_the_gate_refuses_a_registration_damaged_without_changing_a_files_size(tmp_path):
     """The fresh probe of issue 63 (high): the gate checked registered.json by size only, so raising a
     version's score in place, digit for digit, moved the champion alias to it. It is hashed now."""
-    from core.artifacts import write_manifest
     from core.errors import DssmError
     from stages.gate.job import gate
 
-    registered = tmp_path / "registered"
-    registered.mkdir()
-    (registered / "registered.json").write_text('{"versions": [{"metrics": {"ndcg@10": 18.07}}]}\n')
-    write_manifest(registered, {"stage": "register", "params": {"mlflow_uri": f"sqlite:///{tmp_path}/m.db"}})
-    doc = (registered / "registered.json").read_text()
-    (registered / "registered.json").write_text(doc.replace("18.07", "98.07"))  # the same size
+    registered = edited_in_place(tmp_path / "registered", "register", "registered.json",
+                                 '{"versions": [{"metrics": {"ndcg@10": 18.07}}]}\n', "18.07", "98.07")  # fmt: skip
     with pytest.raises(DssmError, match=r"registered.json is not the file this output was built with"):
         gate(registered, tmp_path / "gate")
     assert not (tmp_path / "gate").exists()
