@@ -358,17 +358,23 @@ def stack_service(cfg: stack.StackConfig, name: str) -> Iterator[None]:
             proc.wait()
 
 
-def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_run_resumes(tmp_path):
+def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_run_resumes(
+    scheduled, pipeline, tmp_path
+):
     """`dssm schedule` stopped as schedulers stop it: Prefect's runner alone would let the run in flight
     finish first (a night's run: an hour); here the run stops within seconds, its MLflow runs KILLED, the
-    flow run crashed, the schedule paused, nothing of it left running, its checkpoint left to resume from."""
+    flow run crashed, the schedule paused, nothing of it left running, its checkpoint left to resume from.
+    The work dir starts with the scheduled run's data stages, up to date for these logs: the run goes
+    straight to training, on a Prefect server of its own (the stack is down by now)."""
     import mlflow
 
     cfg = stack.StackConfig(root=tmp_path / "stack", prefect_port=free_port())
     work, log = tmp_path / "w", tmp_path / "schedule.log"
+    for stage in ("clean", "propensity", "vocab", "negatives"):
+        shutil.copytree(scheduled["work"] / stage, work / stage)
     train = ["--train", "data.batch_size=64", "model.ncell=16", "epochs=60", "checkpoint_every=10", "eval_every=100000"]
-    run = ["--workdir", str(work), "--impressions", "5_000", "--workers", "1", "--no-index", "--no-analyze"]
-    run += ["evaluate.fusions=[MODEL+bm25]", "evaluate.retrieval=false", "gate.metric=ndcg@10", *train]
+    run = ["--workdir", str(work), "--logs", str(pipeline["simulate"]), "--judgments", str(DEFAULT_CATALOGUE)]
+    run += [*ONE_HYBRID, "evaluate.retrieval=false", "--no-index", "--no-analyze", *train]
     with stack_service(cfg, "prefect"):
         api = cfg.urls["prefect"]
         env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "DSSM_SPARK_MASTER")}
@@ -407,6 +413,8 @@ def test_sigterm_stops_a_served_run_in_flight_pauses_the_schedule_and_the_next_r
     statuses = {r.info.run_name: r.info.status for r in stopped}
     assert statuses and set(statuses.values()) == {"KILLED"}, (statuses, log.read_text()[-6000:])  # parent, training
     assert not (work / "eval").exists()
+    manifest = Path("clean") / "manifest.json"  # the data stages were not run again
+    assert (work / manifest).read_bytes() == (scheduled["work"] / manifest).read_bytes()
 
     # what the next run resumes from (the same flow as `dssm run`: tests/test_stopping.py resumes it)
     from modeling.checkpoint import read_checkpoint
