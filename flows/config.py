@@ -182,7 +182,7 @@ def settled(cfg: RunConfig) -> RunConfig:
     the gate compares what the evaluation measured, so a retrieval gate metric turns evaluate.retrieval on."""
     from dataclasses import replace
 
-    if cfg.gate.metric != "ndcg@10" and not cfg.evaluate.retrieval:
+    if cfg.gate.metric == "retrieval_ndcg@10" and not cfg.evaluate.retrieval:
         return replace(cfg, evaluate=replace(cfg.evaluate, retrieval=True))
     return cfg
 

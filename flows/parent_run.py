@@ -48,9 +48,10 @@ def open_parent(
     uri: str, experiment_name: str, workdir: Path, flow_run_id: str, name: str, tags: dict[str, str]
 ) -> tuple[str, bool]:
     """The parent run of this flow run and whether it is new: the work dir's last parent when a killed
-    or failed flow run left it unfinished (its runs still running were cut off: marked KILLED; a
-    training run resumed from its checkpoint runs again), else a new run named `name`. Called under
-    the work dir's lock: no other flow run is using that parent."""
+    or failed flow run of the same window (the same night, or both unwindowed) left it unfinished (its
+    runs still running were cut off: marked KILLED; a training run resumed from its checkpoint runs
+    again), else a new run named `name`; another night's unfinished parent keeps its own night's runs
+    and is left KILLED or FAILED. Called under the work dir's lock: no other flow run uses that parent."""
     client = mlflow_client(uri)
     experiment = experiment_id(uri, experiment_name)
     workdir = workdir.resolve()
@@ -60,6 +61,12 @@ def open_parent(
         for run in children(client, experiment, parent):
             if run.info.status == "RUNNING":
                 client.set_terminated(run.info.run_id, "KILLED")
+        if last.data.tags.get("window") != tags.get("window"):
+            if last.info.status == "RUNNING":  # a night SIGKILLed: nothing closed it
+                client.set_terminated(parent, "KILLED")
+            log.info("MLflow: the unfinished parent run %s is another night's (%s): left as it is",
+                     parent, last.data.tags.get("window", "no window"))  # fmt: skip
+            return _new_parent(client, experiment, workdir, flow_run_id, name, tags), True
         client.update_run(parent, status="RUNNING")
         earlier = last.data.tags.get(FLOW_RUNS_TAG, "")
         if flow_run_id not in earlier.split(","):
@@ -67,9 +74,12 @@ def open_parent(
         client.set_tag(parent, FLOW_RUN_TAG, flow_run_id)
         log.info("MLflow: continuing the parent run %s of an unfinished flow run on %s", parent, workdir)
         return parent, False
+    return _new_parent(client, experiment, workdir, flow_run_id, name, tags), True
+
+
+def _new_parent(client, experiment: str, workdir: Path, flow_run_id: str, name: str, tags: dict[str, str]) -> str:
     own = {"kind": KIND, "workdir": str(workdir), FLOW_RUN_TAG: flow_run_id, FLOW_RUNS_TAG: flow_run_id}
-    run = client.create_run(experiment, run_name=name, tags=tags | own)
-    return run.info.run_id, True
+    return client.create_run(experiment, run_name=name, tags=tags | own).info.run_id
 
 
 def drop_if_empty(uri: str, parent: str, new: bool) -> bool:

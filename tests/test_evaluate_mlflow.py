@@ -213,6 +213,36 @@ def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_run
     assert not (elsewhere / "mlflow.db").exists() and not (elsewhere / "store").exists()
     with pytest.raises(DssmError, match=r"holds eval set \w+, not \w+ that the versions were measured on"):
         _eval_set_of(registered | {"evaluation": str(tmp_path / "e1")})
+    # the fifth probe (low): an eval_set.json edited after register (its labels: not in the key) is refused too
+    eval_set = tmp_path / "e2" / "eval_set.json"
+    eval_set.write_text(eval_set.read_text() + " ")
+    with pytest.raises(DssmError, match=r"eval_set.json"):
+        _eval_set_of(registered)
+
+
+def test_a_gate_by_hand_that_names_no_metric_gates_on_the_metric_of_the_models_last_gate(tiny_data, tmp_path, caplog):
+    """The fifth probe of issue 63 (medium): the flow gates on retrieval NDCG@10, but `dssm gate` by hand (as
+    register's hint prints it) compared NDCG@10 and moved the champion to a version worse at what the index
+    serves. A gate that names no metric now compares the one the registered model's last gate compared."""
+    import logging
+
+    from stages.gate.config import GateConfig
+    from stages.gate.job import gate
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    store, out = f"sqlite:///{tmp_path}/m.db", tmp_path / "e"
+    judged = write_judged(tmp_path / "judged.csv")
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--model", str(model)]
+    assert dssm_main(["evaluate", *args, "--retrieval", "--mlflow-uri", store, "--out", str(out)]) == 0
+    assert dssm_main(["register", "--evaluation", str(out), "--out", str(tmp_path / "r")]) == 0
+    flows_gate = gate(tmp_path / "r", tmp_path / "g-flow", GateConfig(metric="retrieval_ndcg@10"))  # the flow's
+    by_hand = gate(tmp_path / "r", tmp_path / "g-hand", GateConfig())  # `dssm gate --registered r --out g-hand`
+    assert flows_gate["params"]["metric"] == by_hand["params"]["metric"] == "retrieval_ndcg@10"
+    assert mlflow.MlflowClient(store).get_registered_model("dssm-tiny").tags["gate_metric"] == "retrieval_ndcg@10"
+    caplog.set_level(logging.WARNING)
+    assert gate(tmp_path / "r", tmp_path / "g-named", GateConfig(metric="ndcg@10"))["params"]["metric"] == "ndcg@10"
+    assert "dssm-tiny was gated on retrieval_ndcg@10 until now; this gate compares ndcg@10" in caplog.text
+    assert mlflow.MlflowClient(store).get_registered_model("dssm-tiny").tags["gate_metric"] == "ndcg@10"
 
 
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):

@@ -159,7 +159,7 @@ def test_the_gate_refuses_a_registration_damaged_without_changing_a_files_size(t
     assert not (tmp_path / "gate").exists()
 
 
-def test_register_and_gate_refuse_a_store_that_is_not_there_and_create_none(tmp_path):
+def test_register_gate_and_index_refuse_a_store_that_is_not_there_and_create_none(tmp_path, capsys):
     """The fresh probe of issue 63 (medium): with the evaluation's sqlite store moved away, register and gate
     created an empty one in its place and failed on a run or model they could not find."""
     from core.artifacts import write_manifest
@@ -178,6 +178,12 @@ def test_register_and_gate_refuse_a_store_that_is_not_there_and_create_none(tmp_
     with pytest.raises(DssmError, match=missing):
         gate(tmp_path / "register", tmp_path / "g")
     assert not store.exists() and not (tmp_path / "r").exists() and not (tmp_path / "g").exists()
+    # the fifth probe (low): `dssm index --model models:/…` with its default store, beside --out, did the same
+    from dssm.cli import main
+
+    index = ["index", "--model", "models:/dssm-tiny@champion", "--titles", str(tmp_path), "--out", str(tmp_path / "i")]
+    assert main(index) == 2 and f"{store}, and it does not exist (moved or deleted?)" in capsys.readouterr().err
+    assert not store.exists() and not (tmp_path / "i").exists()
 
 
 def test_the_training_docs_say_which_loaders_unpickle_a_registered_model():

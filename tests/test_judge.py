@@ -163,6 +163,7 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     the kept set's test day, or tonight's last day when a new set is graded."""
     from dataclasses import replace
     from datetime import date, timedelta
+    from types import SimpleNamespace
 
     from core.artifacts import amend_manifest, write_manifest
     from core.layout import Layout
@@ -178,9 +179,11 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     write_manifest(out, {"stage": "judge", "params": grading(cfg.judge)})
     amend_manifest(out, {"built_on": "2026-01-01", "split": "time", "test_day": "2026-01-01"})
 
+    judged, store = SimpleNamespace(name="logs-clicks"), f"sqlite:///{tmp_path}/mlflow.db"
+
     def context(day: str, run_cfg=cfg, window: bool = True, days: int = 2) -> RunContext:
         dates = [(date.fromisoformat(day) - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
-        return RunContext(run_cfg, Layout(tmp_path), None, "", None, dates if window else [], 1)
+        return RunContext(run_cfg, Layout(tmp_path), judged, store, None, dates if window else [], 1)
 
     def night(day: str, run_cfg=cfg, window: bool = True, days: int = 2):
         return kept_set(context(day, run_cfg, window, days), out)
@@ -199,6 +202,20 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert held_out_day(context("2026-01-03")) == "2026-01-01"
     assert held_out_day(context("2026-01-04")) == "2026-01-04"
     assert held_out_day(context("2026-01-03", query_split)) == held_out_day(context("2026-01-03", days=1)) == ""
+    # never a new set from a day the champion trained on (the fifth probe of issue 63, medium: a rerun of a night
+    # whose kept set was dropped graded one from the day its first run's model, the champion, trained on): that
+    # night falls back to the query split, whose test queries no model trains on
+    import mlflow
+
+    registry = mlflow.MlflowClient(store)
+    registry.create_registered_model("dssm-logs-clicks")
+    for version, trained_to in ((1, "2026-01-03"), (2, "2026-01-04")):
+        registry.create_model_version("dssm-logs-clicks", str(tmp_path))
+        registry.set_model_version_tag("dssm-logs-clicks", str(version), "run_date", trained_to)
+        registry.set_registered_model_alias("dssm-logs-clicks", "champion", str(version))
+        assert held_out_day(context("2026-01-04")) == ("2026-01-04" if trained_to < "2026-01-04" else "")
+    assert held_out_day(context("2026-01-05")) == "2026-01-05" and held_out_day(context("2026-01-03")) == "2026-01-01"
+    registry.delete_registered_model("dssm-logs-clicks")
     # a set graded on the query split because its test day had no logs is kept by the time split's nights,
     # with no day held out of training (review of issue 63: a nightly 03:00 run on a day not yet landed)
     fallback = tmp_path / "fallback"

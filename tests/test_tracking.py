@@ -110,3 +110,31 @@ def test_a_parent_run_the_stopped_process_cannot_close_is_closed_by_a_fresh_one(
     parent_run.close_parent_on_the_way_out(uri, parent, "KILLED")
     assert mlflow.MlflowClient(uri).get_run(parent).info.status == "KILLED"
     assert "marked KILLED by a fresh process (here: KeyError('c'))" in caplog.text
+
+
+def test_a_night_opens_its_own_parent_run_and_leaves_an_earlier_nights_unfinished_one_as_it_was(tmp_path):
+    """The fifth probe of issue 63 (medium): a night that failed left its parent FAILED; the next night
+    continued it, so its runs were filed under the failed night's date and marked FINISHED. A rerun of the
+    same night still continues its own unfinished parent."""
+    from core.tracking import client
+    from flows.parent_run import close_parent, open_parent
+
+    uri, work = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "w"
+
+    def night(day: str, flow_run_id: str) -> tuple[str, bool]:
+        tags = {"window": f"2026-01-0{int(day[-1]) - 1}..{day}", "run_date": day}
+        return open_parent(uri, "nights", work, flow_run_id, f"flow-{day}", tags)
+
+    failed, new = night("2026-01-05", "fr-1")
+    assert new
+    close_parent(uri, failed, "FAILED")
+    again, new = night("2026-01-05", "fr-2")  # the same night, rerun: its parent continued
+    assert (again, new) == (failed, False)
+    close_parent(uri, failed, "FAILED")
+    assert night("2026-01-05", "fr-3") == (failed, False)  # ... and SIGKILLed: left RUNNING
+    nxt, new = night("2026-01-06", "fr-4")
+    assert new and nxt != failed
+    earlier, this = client(uri).get_run(failed), client(uri).get_run(nxt)
+    assert earlier.info.status == "KILLED" and earlier.data.tags["run_date"] == "2026-01-05"
+    assert earlier.data.tags["prefect.flow_run_ids"] == "fr-1,fr-2,fr-3"
+    assert this.info.status == "RUNNING" and this.data.tags["run_date"] == "2026-01-06"

@@ -8,14 +8,16 @@ from typing import Literal
 
 from core.errors import DssmError
 
-GateMetric = Literal["ndcg@10", "retrieval_ndcg@10"]
+GateMetric = Literal["", "ndcg@10", "retrieval_ndcg@10"]
+DEFAULT_METRIC = "ndcg@10"  # a registered model's first gate, when none is named
 
 
 @dataclass(frozen=True)
 class GateConfig:
     # what the champion gate compares: ndcg@10 (re-ranking the judged titles), or retrieval_ndcg@10
-    # (ranking the whole catalogue, what the index serves to dssm search; the evaluation must have measured it)
-    metric: GateMetric = "ndcg@10"
+    # (ranking the whole catalogue, what the index serves to dssm search; the evaluation must have measured it);
+    # "": the metric the registered model's last gate compared (ndcg@10 the first time)
+    metric: GateMetric = ""
     # nightly runs: warn when the night's best model scores below the median of the last `trend_nights` nights'
     # best on the same evaluation set by more than `decline_tolerance` (points of the metric, 0-100)
     trend_nights: int = 5

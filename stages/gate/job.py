@@ -3,7 +3,9 @@
 The gate moves the `champion` alias to a new version only when it beats the current champion's
 NDCG@10 on the same evaluation set (same judged file, same split), and leaves it on the best of the
 versions gated at the same time (runs against one tracking server: `_settle`); `--metric
-retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8). It reads what
+retrieval_ndcg@10` compares full-catalogue retrieval NDCG@10 instead (PROTOCOL.md §8), as the flow's gate
+does by default. A gate that names no metric compares the one the registered model's last gate compared
+(the `gate_metric` tag), so a gate by hand on a flow's register output gates as the flow. It reads what
 register registered and, for a champion never measured on this eval set, the eval set that evaluate
 wrote beside its report (scoring/handoff.py).
 """
@@ -15,7 +17,7 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,12 @@ from core.tracking import existing_store, use_store
 from scoring.handoff import ScoredOn, read_eval_set
 from scoring.protocol import metric_key
 from scoring.serving import CHAMPION, GATE_FILE, read_gate
-from stages.gate.config import GateConfig
+from stages.gate.config import DEFAULT_METRIC, GateConfig
 
 log = logging.getLogger(__name__)
 
 METRIC_LABELS = {"ndcg_at_10": "NDCG@10", "retrieval_ndcg_at_10": "retrieval NDCG@10"}
+METRIC_TAG = "gate_metric"  # on the registered model: the metric its last gate compared
 
 
 @dataclass
@@ -77,7 +80,8 @@ def champion_gate(
     if champion is None:
         client.set_registered_model_alias(name, CHAMPION, version)
         return GateDecision(True, version, ndcg10, None, None, "no champion yet" + _settle(client, name, tag, None))
-    if champion.version == version:
+    held = str(champion.version)  # MLflow's stores give an int or a str; gate.json keeps versions as str
+    if held == str(version):
         return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
     known = champion.tags.get(tag)
     if known is None:
@@ -88,7 +92,7 @@ def champion_gate(
             client.set_registered_model_alias(name, CHAMPION, version)
             reason = f"champion v{champion.version} cannot be scored ({e}): replaced"
             reason += _settle(client, name, tag, champion.version)
-            return GateDecision(True, version, ndcg10, champion.version, None, reason)
+            return GateDecision(True, version, ndcg10, held, None, reason)
         client.set_model_version_tag(name, champion.version, tag, f"{champion_ndcg:.6f}")
     else:
         champion_ndcg = float(known)
@@ -96,9 +100,9 @@ def champion_gate(
         client.set_registered_model_alias(name, CHAMPION, version)
         reason = f"{label} {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
         reason += _settle(client, name, tag, champion.version)
-        return GateDecision(True, version, ndcg10, champion.version, champion_ndcg, reason)
+        return GateDecision(True, version, ndcg10, held, champion_ndcg, reason)
     reason = f"{label} {ndcg10:.2f} does not beat champion v{champion.version} ({champion_ndcg:.2f})"
-    return GateDecision(False, version, ndcg10, champion.version, champion_ndcg, reason)
+    return GateDecision(False, version, ndcg10, held, champion_ndcg, reason)
 
 
 def _settle(client: mlflow.MlflowClient, name: str, tag: str, compared: str | None) -> str:
@@ -202,10 +206,11 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
     uri = done["params"]["mlflow_uri"]
     existing_store(uri, "the gate")
     inputs = {"registered": {"path": str(registered), "sha256": done["content_sha256"]}}
+    doc = read_registered(Path(registered))
+    name, key = doc["model"], doc["eval_key"]
+    cfg = replace(cfg, metric=_gate_metric(mlflow_client(uri), name, cfg.metric))
 
     def build(tmp: Path) -> dict[str, Any]:
-        doc = read_registered(Path(registered))
-        name, key = doc["model"], doc["eval_key"]
         scored = functools.cache(lambda: _eval_set_of(doc))
         metric = metric_key(cfg.metric)
         client = mlflow_client(uri)
@@ -223,6 +228,7 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
             client.set_tag(v["run_id"], "champion_gate", decision.reason)
             log.info("%s v%s: %s", name, v["version"], decision.reason)
             decisions.append({"system": v["system"], "model": name, **decision.as_dict()})
+        client.set_registered_model_tag(name, METRIC_TAG, cfg.metric)  # what a gate that names none compares
         # after every decision of this gate: the plot shows where the alias ended
         history = plot_gate_history(client, name, key, tmp / HISTORY_PLOT, metric) if decisions else None
         for v in doc["versions"] if history else []:
@@ -233,6 +239,20 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
 
     params = {"metric": cfg.metric, "trend": [cfg.trend_nights, cfg.decline_tolerance], "mlflow_uri": uri}
     return publish(Path(out), "gate", code_fingerprint(__name__), inputs, params, build, force, upstream=[done])
+
+
+def _gate_metric(client: mlflow.MlflowClient, name: str, asked: str) -> str:
+    """The metric this gate compares: `asked`, else the one registered model `name`'s last gate compared (its
+    champion was chosen by it; a gate by hand on a flow's register output gates as the flow does), else
+    DEFAULT_METRIC. Another metric than the last gate's is allowed, and said: the champion is then compared
+    (and re-measured where it never was) on the new one."""
+    try:
+        last = client.get_registered_model(name).tags.get(METRIC_TAG, "")
+    except MlflowException:  # not registered yet
+        last = ""
+    if asked and last and asked != last:
+        log.warning("gate: %s was gated on %s until now; this gate compares %s (--metric)", name, last, asked)
+    return asked or last or DEFAULT_METRIC
 
 
 def night_trend(
@@ -277,6 +297,7 @@ def _eval_set_of(doc: dict[str, Any]) -> ScoredOn:
     champion scored on another set would be tagged with this set's score."""
     from scoring.handoff import eval_key
 
+    require_manifest(Path(doc["evaluation"]), "evaluate", content=True)  # eval_set.json as evaluate wrote it
     on = read_eval_set(Path(doc["evaluation"]))
     if eval_key(on.eval_set) != doc["eval_key"]:
         raise DssmError(

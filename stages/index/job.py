@@ -356,10 +356,12 @@ def command(args: argparse.Namespace) -> None:
     """`dssm index`."""
     from core.options import config_from_options
     from core.spark import LazySpark
-    from core.tracking import default_tracking_uri
+    from core.tracking import default_tracking_uri, existing_store
 
     cfg = config_from_options(IndexConfig, args)
     uri = args.mlflow_uri or default_tracking_uri(Path(args.out).resolve().parent)
+    if str(args.model).startswith("models:/"):  # a registered version: opening no store would create an empty one
+        existing_store(uri, f"dssm index --model {args.model}")
     m = index(
         LazySpark(args.master, "dssm-index"), args.model, args.titles, args.out, uri, cfg, args.register, args.force
     )

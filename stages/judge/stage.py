@@ -68,8 +68,36 @@ def held_out_day(ctx: RunContext) -> str:
             log.info("judge.split=time needs a window of two days or more: a one-day night uses the query split")
         return ""
     out = ctx.layout.output("judge")
-    kept = kept_set(ctx, out, quiet=True)
-    return str(read_manifest(out).get("test_day", "")) if kept is not None else ctx.window[-1]
+    if kept_set(ctx, out, quiet=True) is not None:
+        return str(read_manifest(out).get("test_day", ""))
+    day = ctx.window[-1]
+    if trained_on := _champion_trained_on(ctx, day):
+        log.warning(
+            "judge: %s, the day a new set would be graded from (a rerun of this night, or a backfill): tonight's "
+            "set is graded on the query split, whose test queries no model trained on; the next night grades "
+            "one on the time split",
+            trained_on,
+        )
+        return ""
+    return day
+
+
+def _champion_trained_on(ctx: RunContext, day: str) -> str:
+    """Why the champion (the model the gate compares with, and the warm start's) may have trained on `day`:
+    it was trained on a night whose window reached `day` (its `run_date` tag); "" when it was not, or there
+    is none. A set graded from that day would score the champion on its own training traffic."""
+    from mlflow.exceptions import MlflowException
+
+    from core.tracking import client
+    from scoring.serving import CHAMPION, registered_name
+
+    name = registered_name(ctx.judged.name)
+    try:
+        champion = client(ctx.mlflow_uri).get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:  # nothing registered yet
+        return ""
+    trained_to = champion.tags.get("run_date", "")
+    return f"champion v{champion.version} of {name} trained on a window up to {trained_to}" if trained_to >= day else ""
 
 
 def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | None:
