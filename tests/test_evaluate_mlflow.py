@@ -245,6 +245,30 @@ def test_a_gate_by_hand_that_names_no_metric_gates_on_the_metric_of_the_models_l
     assert mlflow.MlflowClient(store).get_registered_model("dssm-tiny").tags["gate_metric"] == "ndcg@10"
 
 
+def test_a_register_stopped_after_mlflow_made_the_version_does_not_register_the_model_twice(tiny_data, tmp_path):
+    """The sixth probe of issue 63 (medium): MLflow makes the version inside log_model, and register tagged the
+    run with it only after; a stop in between left a version that the rerun did not see, so it registered the
+    model again and the first version stayed behind, never gated. The rerun now keeps the version it finds."""
+    from stages.register.job import register
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    store, out = f"sqlite:///{tmp_path}/m.db", tmp_path / "e"
+    judged = write_judged(tmp_path / "judged.csv")
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--model", str(model)]
+    assert dssm_main(["evaluate", *args, "--mlflow-uri", store, "--out", str(out)]) == 0
+    register(out, tmp_path / "r1")
+    first = json.loads((tmp_path / "r1" / "registered.json").read_text())["versions"]
+    client = mlflow.MlflowClient(store)
+    for v in first:  # what the stop left: the versions, but no run tagged with one
+        for tag in ("model_uri", "registered_model", "registered_version"):
+            client.delete_tag(v["run_id"], tag)
+    register(out, tmp_path / "r2")
+    again = json.loads((tmp_path / "r2" / "registered.json").read_text())["versions"]
+    assert [(v["version"], v["model_uri"]) for v in again] == [(v["version"], v["model_uri"]) for v in first]
+    assert len(client.search_model_versions("name='dssm-tiny'")) == len(first)
+    assert client.get_run(first[0]["run_id"]).data.tags["registered_version"] == first[0]["version"]
+
+
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):
     judged = write_judged(tmp_path / "judged.csv")
     args = ["evaluate", "--judgments", str(judged), "--encoding", "utf-8", "--out", str(tmp_path / "r")]

@@ -61,6 +61,12 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
     if version is not None and tags.get("registered_model") == name:  # registered before the output was published
         log.info("%s v%s: already registered from run %s", name, version, model.run_id)
         model_uri = tags["model_uri"]
+    elif (made := _version_of_run(client, name, model.run_id)) is not None:
+        # MLflow made the version inside log_model; a stop came before the run's tags said so
+        version, model_uri = str(made.version), made.source
+        for key, value in {"model_uri": model_uri, "registered_model": name, "registered_version": version}.items():
+            client.set_tag(model.run_id, key, value)
+        log.info("%s v%s: registered from run %s by a register that was stopped; kept", name, version, model.run_id)
     else:
         use_store(uri)
         mlflow.start_run(run_id=model.run_id)  # the model is logged into the run that measured it
@@ -82,6 +88,12 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         "run_id": model.run_id,
         "metrics": model.metrics,
     }
+
+
+def _version_of_run(client, name: str, run_id: str):
+    """The newest ready version of `name` logged from run `run_id`, or None."""
+    made = [v for v in client.search_model_versions(f"name='{name}' and run_id='{run_id}'") if v.status == "READY"]
+    return max(made, key=lambda v: int(v.version)) if made else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
