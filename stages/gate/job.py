@@ -228,7 +228,8 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
             client.set_tag(v["run_id"], "champion_gate", decision.reason)
             log.info("%s v%s: %s", name, v["version"], decision.reason)
             decisions.append({"system": v["system"], "model": name, **decision.as_dict()})
-        client.set_registered_model_tag(name, METRIC_TAG, cfg.metric)  # what a gate that names none compares
+        if decisions:  # what a later gate that names no metric compares
+            client.set_registered_model_tag(name, METRIC_TAG, cfg.metric)
         # after every decision of this gate: the plot shows where the alias ended
         history = plot_gate_history(client, name, key, tmp / HISTORY_PLOT, metric) if decisions else None
         for v in doc["versions"] if history else []:
@@ -266,6 +267,7 @@ def night_trend(
 
     if not cfg.trend_nights:
         return None
+    cfg = replace(cfg, metric=cfg.metric or DEFAULT_METRIC)  # the gate resolved it; a caller by hand may not have
     tag = f"{metric_key(cfg.metric)}.{key}"
     versions = client.search_model_versions(f"name='{name}'")  # one query: tonight's dates and the earlier nights
     ours = {str(v["version"]) for v in tonight}
