@@ -259,14 +259,16 @@ def test_a_register_stopped_after_mlflow_made_the_version_does_not_register_the_
     register(out, tmp_path / "r1")
     first = json.loads((tmp_path / "r1" / "registered.json").read_text())["versions"]
     client = mlflow.MlflowClient(store)
-    for v in first:  # what the stop left: the versions, but no run tagged with one
+    for v in first:  # what the stop left: the versions, but no run tagged with one, and the run KILLED
         for tag in ("model_uri", "registered_model", "registered_version"):
             client.delete_tag(v["run_id"], tag)
+        client.set_terminated(v["run_id"], "KILLED")
     register(out, tmp_path / "r2")
     again = json.loads((tmp_path / "r2" / "registered.json").read_text())["versions"]
     assert [(v["version"], v["model_uri"]) for v in again] == [(v["version"], v["model_uri"]) for v in first]
     assert len(client.search_model_versions("name='dssm-tiny'")) == len(first)
-    assert client.get_run(first[0]["run_id"]).data.tags["registered_version"] == first[0]["version"]
+    kept = client.get_run(first[0]["run_id"])
+    assert kept.data.tags["registered_version"] == first[0]["version"] and kept.info.status == "FINISHED"
 
 
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):

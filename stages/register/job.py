@@ -79,6 +79,8 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
             raise
         mlflow.end_run("FINISHED")
         log.info("%s v%s: registered (%s)", name, version, model.system)
+    if client.get_run(model.run_id).info.status != "FINISHED":  # a stopped register left the run KILLED or RUNNING
+        client.set_terminated(model.run_id, "FINISHED")  # its evaluation finished, and its version is kept
     if run_date:
         client.set_model_version_tag(name, version, "run_date", run_date)
     return {
