@@ -208,12 +208,12 @@ def gate(registered: Path, out: Path, cfg: GateConfig = GateConfig(), force: boo
     inputs = {"registered": {"path": str(registered), "sha256": done["content_sha256"]}}
     doc = read_registered(Path(registered))
     name, key = doc["model"], doc["eval_key"]
-    cfg = replace(cfg, metric=_gate_metric(mlflow_client(uri), name, cfg.metric))
+    client = mlflow_client(uri)
+    cfg = replace(cfg, metric=_gate_metric(client, name, cfg.metric))
 
     def build(tmp: Path) -> dict[str, Any]:
         scored = functools.cache(lambda: _eval_set_of(doc))
         metric = metric_key(cfg.metric)
-        client = mlflow_client(uri)
         use_store(uri)  # a champion's models:/ URI is found in the evaluation's store, wherever the gate runs
         score = functools.partial(_score_uri, scored=scored, retrieval=cfg.metric.startswith("retrieval_"))
         decisions = []

@@ -56,7 +56,8 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
     from scoring.serving import log_model
 
     client = mlflow_client(uri)
-    tags = client.get_run(model.run_id).data.tags
+    run = client.get_run(model.run_id)
+    tags = run.data.tags
     version = tags.get("registered_version")
     if version is not None and tags.get("registered_model") == name:  # registered before the output was published
         log.info("%s v%s: already registered from run %s", name, version, model.run_id)
@@ -64,7 +65,7 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
     elif (made := _version_of_run(client, name, model.run_id)) is not None:
         # MLflow made the version inside log_model; a stop came before the run's tags said so
         version, model_uri = str(made.version), made.source
-        for key, value in {"model_uri": model_uri, "registered_model": name, "registered_version": version}.items():
+        for key, value in _registered_tags(name, version, model_uri).items():
             client.set_tag(model.run_id, key, value)
         log.info("%s v%s: registered from run %s by a register that was stopped; kept", name, version, model.run_id)
     else:
@@ -73,13 +74,13 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         try:
             partners = {k: Path(v) for k, v in model.partners.items()}
             model_uri, version = log_model(Path(model.checkpoint), name, model.fusion, partners)
-            mlflow.set_tags({"model_uri": model_uri, "registered_model": name, "registered_version": version})
+            mlflow.set_tags(_registered_tags(name, version, model_uri))
         except BaseException as e:
             mlflow.end_run("KILLED" if is_stop(e) else "FAILED")
             raise
         mlflow.end_run("FINISHED")
         log.info("%s v%s: registered (%s)", name, version, model.system)
-    if client.get_run(model.run_id).info.status != "FINISHED":  # a stopped register left the run KILLED or RUNNING
+    if run.info.status != "FINISHED":  # a stopped register left the run KILLED or RUNNING
         client.set_terminated(model.run_id, "FINISHED")  # its evaluation finished, and its version is kept
     if run_date:
         client.set_model_version_tag(name, version, "run_date", run_date)
@@ -90,6 +91,11 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         "run_id": model.run_id,
         "metrics": model.metrics,
     }
+
+
+def _registered_tags(name: str, version: str, model_uri: str) -> dict[str, str]:
+    """The tags that mark an evaluation run's model as registered: what a rerun looks for."""
+    return {"model_uri": model_uri, "registered_model": name, "registered_version": version}
 
 
 def _version_of_run(client, name: str, run_id: str):
