@@ -49,10 +49,13 @@ def pytest_configure(config):
     # Every Spark driver the suite starts (its own session, each `dssm` subprocess and flow run) is a short-lived
     # JVM on one core, where the C2 compiler and parallel GC threads only take CPU from the job: C1 and the serial
     # GC start a session and its first job in 7.4 s against 12.5 s and clean 20k impressions in 24 s against 34 s
-    # (one core; 1M impressions: 59 s against 62 s). Spark's own option for it, left alone where the user set one.
+    # (one core; 1M impressions: 59 s against 62 s). The stack's executors (tests/test_stack.py) are as short-lived
+    # and on the same core. Spark's own options for it, left alone where the user set them.
+    fast_start = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     os.environ.setdefault(
         "PYSPARK_SUBMIT_ARGS",
-        '--conf "spark.driver.defaultJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" pyspark-shell',
+        f'--conf "spark.driver.defaultJavaOptions={fast_start}" --conf "spark.executor.defaultJavaOptions={fast_start}"'
+        " pyspark-shell",
     )
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="dssm-tests-prefect-")
     # registered before Prefect's own exit handler, so run after it has stopped the ephemeral server
