@@ -135,10 +135,11 @@ COMMANDS: dict[str, Command] = {
     ),
     "index": Command(
         "stages.index.job",
-        "embed a catalogue's titles with a registered model (Spark, mlflow spark_udf) and build an ANN index",
+        "embed a catalogue's titles with a registered model (Spark pandas UDF) and build an ANN index",
         "Embed every title of a catalogue (a `dssm clean` title pool, or Parquet/CSV with a `title` column) with "
-        "an MLflow model through mlflow.pyfunc.spark_udf, build a faiss index of the vectors, and log the index "
-        "as the model version's pyfunc `retriever` (registered as NAME-retriever). See docs/retrieval.md.",
+        "an MLflow model in a Spark pandas UDF (its files read as data: no pickle is loaded), build a faiss index "
+        "of the vectors, and log the index as the model version's pyfunc `retriever` (registered as "
+        "NAME-retriever). See docs/retrieval.md.",
     ),
     "search": Command(
         "stages.index.search",

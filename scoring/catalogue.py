@@ -20,7 +20,7 @@ from core.text import norm
 from scoring.bm25 import CatalogueBM25, matching
 from scoring.fusion import LEXICAL, RetrievalFusion, fuse_query, union, weight_grid
 from scoring.hybrid import Scorer
-from scoring.protocol import EvalSet, paired_test
+from scoring.protocol import REPORTED_DECIMALS, EvalSet, paired_test
 from scoring.quality import DEPTH, METRICS, catalogue_metrics, judged_labels, ndcg10
 from scoring.retriever import unit_rows
 from scoring.systems import System
@@ -224,7 +224,7 @@ def evaluate_retrieval(
     out: dict[str, Any] = {}
     for name, metrics in measured.items():
         per_query = metrics.pop("per_query")
-        entry = {m: round(v, 4) if isinstance(v, float) else v for m, v in metrics.items()}
+        entry = {m: round(v, REPORTED_DECIMALS) if isinstance(v, float) else v for m, v in metrics.items()}
         if reference is not None and name != REFERENCE:
             entry["p_vs_bm25"] = {m: _paired(per_query[m], reference[m]) for m in METRICS}
         entry["per_query"] = {m: [None if np.isnan(v) else float(v) for v in per_query[m]] for m in METRICS}

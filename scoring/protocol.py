@@ -17,6 +17,7 @@ from core.judgments import JudgedPair, JudgedSet, JudgedSetSpec
 from core.text import is_test_query, norm
 
 CUTOFFS = (1, 3, 10)
+REPORTED_DECIMALS = 4  # every mean in a report.json; the gate compares at this precision too
 MIN_TITLES = 5  # §4: a query needs at least this many judged titles ...
 MIN_DISTINCT_LABELS = 2  # ... and at least this many distinct label values
 

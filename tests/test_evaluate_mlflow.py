@@ -190,14 +190,17 @@ def test_the_gate_scores_the_champion_from_the_evaluations_store_wherever_it_run
     from stages.gate.job import _eval_set_of
 
     model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    retrained = tiny_model(tiny_data, tmp_path / "lstm2", "epochs=1")  # another version (the same model keeps v1)
     monkeypatch.chdir(tmp_path)
-    common = ["--encoding", "utf-8", "--dataset", "tiny", "--model", str(model), "--mlflow-uri=sqlite:///store/m.db"]
+    common = ["--encoding", "utf-8", "--dataset", "tiny", "--mlflow-uri=sqlite:///store/m.db"]
     first = write_judged(tmp_path / "judged.csv")
-    assert evaluate_register_gate("--judgments", str(first), *common, "--out", "e1")[0]["promoted"]
+    assert evaluate_register_gate("--judgments", str(first), *common, "--model", str(model), "--out", "e1")[0][
+        "promoted"
+    ]
     rows = first.read_text().splitlines()  # six rows a query: half the queries, another set (another eval key)
     second = tmp_path / "half.csv"
     second.write_text("\n".join(rows[: 1 + 6 * (len(rows) // 12)]) + "\n")
-    assert dssm_main(["evaluate", "--judgments", str(second), *common, "--out", "e2"]) == 0
+    assert dssm_main(["evaluate", "--judgments", str(second), *common, "--model", str(retrained), "--out", "e2"]) == 0
     assert dssm_main(["register", "--evaluation", "e2", "--out", "r2"]) == 0
     registered = json.loads((tmp_path / "r2" / "registered.json").read_text())
     assert registered["evaluation"] == str(tmp_path / "e2")
@@ -269,6 +272,75 @@ def test_a_register_stopped_after_mlflow_made_the_version_does_not_register_the_
     assert len(client.search_model_versions("name='dssm-tiny'")) == len(first)
     kept = client.get_run(first[0]["run_id"])
     assert kept.data.tags["registered_version"] == first[0]["version"] and kept.info.status == "FINISHED"
+
+
+def test_the_same_model_evaluated_again_keeps_its_version_and_the_night_that_trained_it(tiny_data, tmp_path):
+    """The eighth probe of issue 63 (medium): a refresh night whose window, less its new test day, is the night
+    before's trained nothing new, yet register made the unchanged checkpoint a new version under tonight's date.
+    The same checkpoint (and fusion) evaluated again keeps its version and its run date; a retrained one does not."""
+    from stages.register.job import register
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    store, judged = f"sqlite:///{tmp_path}/m.db", write_judged(tmp_path / "judged.csv")
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--mlflow-uri", store]
+    for night in ("e1", "e2"):
+        assert dssm_main(["evaluate", *args, "--model", str(model), "--out", str(tmp_path / night)]) == 0
+    register(tmp_path / "e1", tmp_path / "r1", run_date="2026-01-02")
+    register(tmp_path / "e2", tmp_path / "r2", run_date="2026-01-03")
+    first, again = (json.loads((tmp_path / r / "registered.json").read_text())["versions"] for r in ("r1", "r2"))
+    assert [v["version"] for v in again] == [v["version"] for v in first] and again[0]["run_id"] != first[0]["run_id"]
+    client = mlflow.MlflowClient(store)
+    versions = client.search_model_versions("name='dssm-tiny'")
+    assert len(versions) == len(first) and {v.tags["run_date"] for v in versions} == {"2026-01-02"}
+    evaluated = client.get_run(again[0]["run_id"])
+    assert evaluated.data.tags["registered_version"] == first[0]["version"] and evaluated.info.status == "FINISHED"
+    # a retrained model is another model: a new version
+    retrained = tiny_model(tiny_data, tmp_path / "lstm2", "epochs=1")
+    assert dssm_main(["evaluate", *args, "--model", str(retrained), "--out", str(tmp_path / "e3")]) == 0
+    register(tmp_path / "e3", tmp_path / "r3", run_date="2026-01-04")
+    third = json.loads((tmp_path / "r3" / "registered.json").read_text())["versions"]
+    assert int(third[0]["version"]) > int(first[0]["version"])
+
+
+def test_the_gate_compares_both_sides_at_the_reports_precision(tmp_path):
+    """The eighth probe of issue 63: a candidate's score comes from registered.json at 4 decimals, a champion
+    scored by the gate came at full precision, so the same model "beat" itself by rounding (94.4674 against
+    94.467382). Both sides are now compared at the report's precision, and a tie keeps the champion."""
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    name = "dssm-tiny"
+    client.create_registered_model(name)
+    for _ in range(2):
+        client.create_model_version(name, source=str(tmp_path))
+    client.set_registered_model_alias(name, "champion", "1")
+    decision = champion_gate(client, name, "2", 94.4674, "key", lambda uri: 94.467382)
+    assert not decision.promoted and "does not beat champion v1" in decision.reason
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+    assert champion_gate(client, name, "2", 94.4675, "key", lambda uri: 0.0).promoted  # a better one still wins
+
+
+def test_a_champion_that_cannot_be_loaded_stops_the_gate_with_what_to_do(tiny_data, tmp_path, capsys):
+    """The eighth probe of issue 63 (low): a champion whose model files are gone, never measured on a new set,
+    failed the gate with "--model models:/…@champion: cannot download", an option `dssm gate` does not have."""
+    from stages.gate.job import gate
+
+    model = tiny_model(tiny_data, tmp_path / "lstm", "epochs=1")
+    store, judged = f"sqlite:///{tmp_path}/m.db", write_judged(tmp_path / "judged.csv")
+    args = ["--judgments", str(judged), "--encoding", "utf-8", "--dataset", "tiny", "--mlflow-uri", store]
+    assert evaluate_register_gate(*args, "--model", str(model), "--out", str(tmp_path / "e1"))[0]["promoted"]
+    client = mlflow.MlflowClient(store)
+    lost = client.create_model_version("dssm-tiny", source=str(tmp_path / "gone"))  # its files are not there
+    client.set_registered_model_alias("dssm-tiny", "champion", lost.version)
+    rows = judged.read_text().splitlines()  # half the queries: another set, which the champion was never scored on
+    (tmp_path / "half.csv").write_text("\n".join(rows[: 1 + 6 * (len(rows) // 12)]) + "\n")
+    half = ["--judgments", str(tmp_path / "half.csv"), *args[2:]]
+    assert dssm_main(["evaluate", *half, "--model", str(model), "--out", str(tmp_path / "e2")]) == 0
+    assert dssm_main(["register", "--evaluation", str(tmp_path / "e2"), "--out", str(tmp_path / "r2")]) == 0
+    with pytest.raises(DssmError) as refused:
+        gate(tmp_path / "r2", tmp_path / "g2")
+    said = str(refused.value)
+    assert said.startswith("gate: the champion (models:/dssm-tiny@champion) was never measured on this eval set")
+    assert "--model" not in said and "The alias is left as it was" in said
+    assert str(client.get_model_version_by_alias("dssm-tiny", "champion").version) == str(lost.version)
 
 
 def test_evaluate_bad_input_is_one_clear_error(tmp_path, capsys):

@@ -529,6 +529,13 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     assert list(window["window"]["days"]) == ["2026-01-02"] and window["counts"]["days"] == 1
     assert held_out()["date"] == "2026-01-03" and summary["judged_set"]["test_day"] == "2026-01-03"
     assert json.loads((work / "judge" / "manifest.json").read_text())["inputs"]["clean"]["path"] == held_out()["path"]
-    assert stages["clean"]["counts"]["days_cleaned"] == 1 and summary["gate"][0]["version"] == "3"
+    assert stages["clean"]["counts"]["days_cleaned"] == 1
     # its third night: keep_nights=2 are over, so night 3 graded a new set (a new series from here)
     assert not stages["judge"]["skipped"] and summary["judged_set"]["dataset_sha256"] != first_set
+    # its training days less the new test day are night 2's: nothing new was trained, and night 2's model keeps
+    # its version and its night (issue 63's eighth probe), measured on the new set
+    assert stages["train"]["skipped"] and summary["gate"][0]["version"] == "2"
+    versions = client.search_model_versions(f"name='{gate['model']}'")
+    assert sorted((int(v.version), v.tags["run_date"]) for v in versions) == [(1, "2026-01-01"), (2, "2026-01-02")]
+    measured_on = [k for k in client.get_model_version(gate["model"], "2").tags if k.startswith("retrieval_ndcg")]
+    assert len(measured_on) == 2  # the first set and the new one

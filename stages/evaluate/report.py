@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from scoring.protocol import CUTOFFS, EvalSet, SystemResult, confidence_halfwidth, paired_test
+from scoring.protocol import CUTOFFS, REPORTED_DECIMALS, EvalSet, SystemResult, confidence_halfwidth, paired_test
 
 REFERENCE = "bm25"  # PROTOCOL.md §5: significance against BM25
 ALPHA = 0.05
@@ -20,10 +20,11 @@ def summarise(eval_set: EvalSet, results: list[SystemResult], relevant_at: float
     reference = next((r for r in results if r.system == REFERENCE), None)
     systems: dict[str, Any] = {}
     for r in results:
-        entry: dict[str, Any] = {f"ndcg@{k}": round(r.mean(f"ndcg@{k}"), 4) for k in CUTOFFS}
-        entry["mrr"] = round(r.mean("rr"), 4)
-        entry["map"] = round(r.mean("ap"), 4)
-        entry["ci95"] = {f"ndcg@{k}": round(confidence_halfwidth(r.per_query[f"ndcg@{k}"]), 4) for k in CUTOFFS}
+        entry: dict[str, Any] = {f"ndcg@{k}": round(r.mean(f"ndcg@{k}"), REPORTED_DECIMALS) for k in CUTOFFS}
+        entry["mrr"] = round(r.mean("rr"), REPORTED_DECIMALS)
+        entry["map"] = round(r.mean("ap"), REPORTED_DECIMALS)
+        halfwidths = {k: confidence_halfwidth(r.per_query[f"ndcg@{k}"]) for k in CUTOFFS}
+        entry["ci95"] = {f"ndcg@{k}": round(w, REPORTED_DECIMALS) for k, w in halfwidths.items()}
         if reference is not None and r is not reference:
             entry["p_vs_bm25"] = {
                 f"ndcg@{k}": paired_test(r.per_query[f"ndcg@{k}"], reference.per_query[f"ndcg@{k}"]) for k in CUTOFFS

@@ -29,7 +29,7 @@ from core.errors import DssmError, NotADssmModel
 from core.tracking import client as mlflow_client
 from core.tracking import existing_store, use_store
 from scoring.handoff import ScoredOn, read_eval_set
-from scoring.protocol import metric_key
+from scoring.protocol import REPORTED_DECIMALS, metric_key
 from scoring.serving import CHAMPION, GATE_FILE, read_gate
 from stages.gate.config import DEFAULT_METRIC, GateConfig
 
@@ -70,6 +70,8 @@ def champion_gate(
     eval set is scored now with `score_champion(models:/name@champion)`."""
     tag = f"{metric}.{eval_key}"
     label = METRIC_LABELS.get(metric, metric)
+    # both sides at the report's precision: a champion scored here and the same model's reported score tie
+    ndcg10 = round(ndcg10, REPORTED_DECIMALS)
     client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
     if system:
         client.set_model_version_tag(name, version, "system", system)
@@ -86,7 +88,7 @@ def champion_gate(
     known = champion.tags.get(tag)
     if known is None:
         try:
-            champion_ndcg = score_champion(f"models:/{name}@{CHAMPION}")
+            champion_ndcg = round(score_champion(f"models:/{name}@{CHAMPION}"), REPORTED_DECIMALS)
         except NotADssmModel as e:  # e.g. a version registered by hand: it cannot compete (a lost server can)
             log.warning("%s champion v%s cannot be scored, v%s replaces it: %s", name, champion.version, version, e)
             client.set_registered_model_alias(name, CHAMPION, version)
@@ -95,7 +97,7 @@ def champion_gate(
             return GateDecision(True, version, ndcg10, held, None, reason)
         client.set_model_version_tag(name, champion.version, tag, f"{champion_ndcg:.6f}")
     else:
-        champion_ndcg = float(known)
+        champion_ndcg = round(float(known), REPORTED_DECIMALS)
     if ndcg10 > champion_ndcg:
         client.set_registered_model_alias(name, CHAMPION, version)
         reason = f"{label} {ndcg10:.2f} beats champion v{champion.version} ({champion_ndcg:.2f})"
@@ -317,7 +319,16 @@ def _score_uri(uri: str, scored: Callable[[], ScoredOn], retrieval: bool) -> flo
     from scoring.systems import load_trained
 
     on = scored()
-    system = load_trained(uri)
+    try:
+        system = load_trained(uri)
+    except NotADssmModel:
+        raise  # not ours: champion_gate replaces it
+    except DssmError as e:  # ours, but it cannot be loaded (its files gone, the server down): no decision
+        raise DssmError(
+            f"gate: the champion ({uri}) was never measured on this eval set and cannot be loaded to score it: "
+            f"{str(e).removeprefix('--model ')}. The alias is left as it was: restore the model's files, or move "
+            "the alias to a version that loads (MlflowClient().set_registered_model_alias), and gate again"
+        ) from None
     if retrieval:
         catalogue = Catalogue(on.catalogue or [])
         return evaluate_retrieval(on.eval_set, catalogue, [system], on.threshold)["systems"][system.name]["ndcg@10"]

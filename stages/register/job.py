@@ -2,18 +2,22 @@
 and registered as a version of `dssm-DATASET` (the gate decides afterwards which version serves).
 
 Idempotent: a run whose model was already registered (a rerun after a crash between the registry
-write and the published output) keeps its version instead of registering a second one.
+write and the published output) keeps its version instead of registering a second one, and a model
+already registered from another evaluation (the same checkpoint, fusion and partners: a night that
+trained nothing new, or the same model evaluated again by hand) keeps the version it has, with the
+run date of the night that trained it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from core.artifacts import code_fingerprint, publish, require_manifest
+from core.artifacts import code_fingerprint, publish, require_manifest, sha256_file
 from core.stopping import is_stop
 from core.tracking import client as mlflow_client
 from core.tracking import existing_store, registry_lock, use_store
@@ -57,7 +61,7 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
 
     client = mlflow_client(uri)
     run = client.get_run(model.run_id)
-    tags = run.data.tags
+    tags, identity = run.data.tags, model_sha256(model)
     version = tags.get("registered_version")
     if version is not None and tags.get("registered_model") == name:  # registered before the output was published
         log.info("%s v%s: already registered from run %s", name, version, model.run_id)
@@ -68,6 +72,11 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         for key, value in _registered_tags(name, version, model_uri).items():
             client.set_tag(model.run_id, key, value)
         log.info("%s v%s: registered from run %s by a register that was stopped; kept", name, version, model.run_id)
+    elif (same := _version_of_model(client, name, identity)) is not None:
+        version, model_uri = str(same.version), same.source
+        for key, value in _registered_tags(name, version, model_uri).items():
+            client.set_tag(model.run_id, key, value)
+        log.info("%s v%s: the same model (%s) as registered before; kept", name, version, model.system)
     else:
         use_store(uri)
         mlflow.start_run(run_id=model.run_id)  # the model is logged into the run that measured it
@@ -82,7 +91,10 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         log.info("%s v%s: registered (%s)", name, version, model.system)
     if run.info.status != "FINISHED":  # a stopped register left the run KILLED or RUNNING
         client.set_terminated(model.run_id, "FINISHED")  # its evaluation finished, and its version is kept
-    if run_date:
+    registered = client.get_model_version(name, version)
+    if MODEL_TAG not in registered.tags:
+        client.set_model_version_tag(name, version, MODEL_TAG, identity)
+    if run_date and registered.run_id == model.run_id:  # a version kept from another run keeps its night's date
         client.set_model_version_tag(name, version, "run_date", run_date)
     return {
         "system": model.system,
@@ -96,6 +108,28 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
 def _registered_tags(name: str, version: str, model_uri: str) -> dict[str, str]:
     """The tags that mark an evaluation run's model as registered: what a rerun looks for."""
     return {"model_uri": model_uri, "registered_model": name, "registered_version": version}
+
+
+MODEL_TAG = "model_sha256"  # on each version: what it serves, so the same model is not registered twice
+
+
+def model_sha256(model: Registrable) -> str:
+    """What a version serves: the checkpoint's bytes, a hybrid's fusion (components and weights) and its
+    partners' checkpoints. Two evaluations of one model agree on it; a retrained model never does (its
+    checkpoint names its training run)."""
+    served = {
+        "checkpoint": sha256_file(Path(model.checkpoint)),
+        "fusion": model.fusion,
+        "partners": {name: sha256_file(Path(path)) for name, path in sorted(model.partners.items())},
+    }
+    return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
+
+
+def _version_of_model(client, name: str, identity: str):
+    """The oldest ready version of `name` that serves the model `identity` names, or None."""
+    same = [v for v in client.search_model_versions(f"name='{name}'") if v.tags.get(MODEL_TAG) == identity]
+    same = [v for v in same if v.status == "READY"]
+    return min(same, key=lambda v: int(v.version)) if same else None
 
 
 def _version_of_run(client, name: str, run_id: str):
