@@ -82,11 +82,11 @@ def _new_parent(client, experiment: str, workdir: Path, flow_run_id: str, name: 
     return client.create_run(experiment, run_name=name, tags=tags | own).info.run_id
 
 
-def drop_if_empty(uri: str, parent: str, new: bool) -> bool:
-    """Delete a new parent that nothing went under (every stage was up to date, so this flow run made
-    no run); returns whether the parent is kept."""
+def drop_if_empty(uri: str, parent: str) -> bool:
+    """Delete a parent that nothing went under (every stage was up to date, so this flow run made no run,
+    nor did the stopped one whose parent it continued); returns whether the parent is kept."""
     client = mlflow_client(uri)
-    if new and not children(client, client.get_run(parent).info.experiment_id, parent):
+    if not children(client, client.get_run(parent).info.experiment_id, parent):
         client.delete_run(parent)
         log.info("MLflow: every stage was up to date and no run was made; no parent run kept")
         return False

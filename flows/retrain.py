@@ -104,7 +104,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     bar = tqdm(total=planned(PIPELINE, ctx), desc="retrain", unit="stage", disable=None)
 
     with exclusive(ctx.layout.workdir), bar:
-        parent, new = open_parent(ctx.mlflow_uri, ctx.judged.name, ctx.layout.workdir, *flow_run_tags(ctx))
+        parent, _ = open_parent(ctx.mlflow_uri, ctx.judged.name, ctx.layout.workdir, *flow_run_tags(ctx))
         # a stop whose unwinding outlasts the grace (a Spark call stuck on a JVM the same signal ended) still
         # leaves the parent KILLED, not RUNNING
         last_words = at_deadline(lambda: close_parent(ctx.mlflow_uri, parent, "KILLED"))
@@ -143,7 +143,7 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
                     report |= {"gate": read_gate(Path(gated.path))} if gated is not None else {}
                     trend = (read_manifest(Path(gated.path)) or {}).get("trend") if gated is not None else None
                     report |= {"gate_trend": trend} if trend else {}
-                kept = drop_if_empty(ctx.mlflow_uri, parent, new)
+                kept = drop_if_empty(ctx.mlflow_uri, parent)
                 summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
                 if kept:
                     close_parent(ctx.mlflow_uri, parent, "FINISHED", ctx.layout.report)

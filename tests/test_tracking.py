@@ -138,3 +138,22 @@ def test_a_night_opens_its_own_parent_run_and_leaves_an_earlier_nights_unfinishe
     assert earlier.info.status == "KILLED" and earlier.data.tags["run_date"] == "2026-01-05"
     assert earlier.data.tags["prefect.flow_run_ids"] == "fr-1,fr-2,fr-3"
     assert this.info.status == "RUNNING" and this.data.tags["run_date"] == "2026-01-06"
+
+
+def test_a_rerun_with_nothing_to_do_drops_the_empty_parent_it_continued(tmp_path):
+    """The eighth probe of issue 63 (low): a flow run stopped before any stage made a run left its parent
+    empty; the rerun found every stage up to date, continued that parent and kept it, empty, in report.json."""
+    from core.tracking import client
+    from flows.parent_run import close_parent, drop_if_empty, open_parent
+
+    uri, work = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "w"
+    stopped, new = open_parent(uri, "runs", work, "fr-1", "flow-1", {})
+    assert new
+    close_parent(uri, stopped, "KILLED")  # stopped in clean: nothing went under it
+    again, new = open_parent(uri, "runs", work, "fr-2", "flow-2", {})
+    assert (again, new) == (stopped, False)
+    assert drop_if_empty(uri, again) is False
+    assert client(uri).get_run(stopped).info.lifecycle_stage == "deleted"
+    kept, _ = open_parent(uri, "runs", work, "fr-3", "flow-3", {})  # one with a run under it stays
+    client(uri).create_run(client(uri).get_run(kept).info.experiment_id, tags={"mlflow.parentRunId": kept})
+    assert drop_if_empty(uri, kept) is True
