@@ -64,9 +64,15 @@ def build_baseline(name: str, judged: list[JudgedPair], params: BaselineParams |
     raise DssmError(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}")
 
 
+def is_mlflow_model(spec: str) -> bool:
+    """Whether a --model names an MLflow model (models:/…, runs:/…, a URI), not a checkpoint file or run dir."""
+    return "://" in spec or spec.startswith(("models:/", "runs:/"))
+
+
 def load_trained(spec: str) -> System:
-    """A trained model from a checkpoint file or run directory, or an MLflow model URI (models:/…, runs:/…)."""
-    if "://" in spec or spec.startswith(("models:/", "runs:/")):
+    """A trained model from a checkpoint file or run directory, or an MLflow model URI (models:/…, runs:/…),
+    resolved in the tracking store set (`core.tracking.use_store`)."""
+    if is_mlflow_model(spec):
         return _from_mlflow(spec)
     path = Path(spec)
     checkpoint = path / "last.pt" if path.is_dir() else path

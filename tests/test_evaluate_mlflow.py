@@ -274,7 +274,9 @@ def test_a_register_stopped_after_mlflow_made_the_version_does_not_register_the_
     assert kept.data.tags["registered_version"] == first[0]["version"] and kept.info.status == "FINISHED"
 
 
-def test_the_same_model_evaluated_again_keeps_its_version_and_the_night_that_trained_it(tiny_data, tmp_path):
+def test_the_same_model_evaluated_again_keeps_its_version_and_the_night_that_trained_it(
+    tiny_data, tmp_path, monkeypatch
+):
     """The eighth probe of issue 63 (medium): a refresh night whose window, less its new test day, is the night
     before's trained nothing new, yet register made the unchanged checkpoint a new version under tonight's date.
     The same checkpoint (and fusion) evaluated again keeps its version and its run date; a retrained one does not."""
@@ -294,6 +296,18 @@ def test_the_same_model_evaluated_again_keeps_its_version_and_the_night_that_tra
     assert len(versions) == len(first) and {v.tags["run_date"] for v in versions} == {"2026-01-02"}
     evaluated = client.get_run(again[0]["run_id"])
     assert evaluated.data.tags["registered_version"] == first[0]["version"] and evaluated.info.status == "FINISHED"
+    # the ninth probe: the version evaluated by its models:/ URI (the slim copy it logged) from another directory:
+    # resolved in --mlflow-uri's store, not the working directory's (high), and still the same model (medium)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    logged = f"models:/dssm-tiny/{first[0]['version']}"
+    assert dssm_main(["evaluate", *args, "--model", logged, "--out", str(tmp_path / "e4")]) == 0
+    assert not (elsewhere / "mlflow.db").exists()
+    register(tmp_path / "e4", tmp_path / "r4", run_date="2026-01-05")
+    by_uri = json.loads((tmp_path / "r4" / "registered.json").read_text())["versions"]
+    assert [v["version"] for v in by_uri] == [v["version"] for v in first]
+    assert {v.tags["run_date"] for v in client.search_model_versions("name='dssm-tiny'")} == {"2026-01-02"}
     # a retrained model is another model: a new version
     retrained = tiny_model(tiny_data, tmp_path / "lstm2", "epochs=1")
     assert dssm_main(["evaluate", *args, "--model", str(retrained), "--out", str(tmp_path / "e3")]) == 0

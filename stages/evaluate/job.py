@@ -17,7 +17,16 @@ from core.errors import DssmError
 from core.judgments import JudgedSet
 from core.stopping import is_stop
 from core.text import is_test_query
-from core.tracking import absolute_store, default_tracking_uri, experiment_id, log_datasets, parent_run_id, parent_tags
+from core.tracking import (
+    absolute_store,
+    default_tracking_uri,
+    existing_store,
+    experiment_id,
+    log_datasets,
+    parent_run_id,
+    parent_tags,
+    use_store,
+)
 from core.tracking import client as mlflow_client
 from scoring.baselines import BaselineParams
 from scoring.catalogue import Catalogue, embedding, evaluate_retrieval, fit_fusion
@@ -26,7 +35,7 @@ from scoring.hybrid import HybridScorer, fit_weights
 from scoring.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, evaluate_scores, metric_key
 from scoring.protocol import relevant_threshold as default_threshold
 from scoring.quality import METRICS as RETRIEVAL_METRICS
-from scoring.systems import System, build_baseline, load_trained, unique_names
+from scoring.systems import System, build_baseline, is_mlflow_model, load_trained, unique_names
 from stages.evaluate.config import EvaluateSettings, check_settings
 from stages.evaluate.report import write_report
 
@@ -66,6 +75,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         threshold = default_threshold(eval_set) if cfg.relevant_at is None else cfg.relevant_at
         log.info("%s: %d queries, %d judged pairs", name, len(eval_set.queries), eval_set.n_pairs)
 
+        if logged := [m for m in cfg.models if is_mlflow_model(m)]:  # resolved in this evaluation's store
+            existing_store(uri, f"dssm evaluate --model {logged[0]}")
+            use_store(uri)
         trained = [load_trained(m) for m in cfg.models]
         unique_names(trained)
         settings, params = cfg.settings, cfg.settings.baseline_params()

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from core.artifacts import code_fingerprint, publish, require_manifest, sha256_file
+from core.artifacts import code_fingerprint, publish, require_manifest
 from core.stopping import is_stop
 from core.tracking import client as mlflow_client
 from core.tracking import existing_store, registry_lock, use_store
@@ -114,15 +114,30 @@ MODEL_TAG = "model_sha256"  # on each version: what it serves, so the same model
 
 
 def model_sha256(model: Registrable) -> str:
-    """What a version serves: the checkpoint's bytes, a hybrid's fusion (components and weights) and its
-    partners' checkpoints. Two evaluations of one model agree on it; a retrained model never does (its
-    checkpoint names its training run)."""
+    """What a version serves: the weights, config and vocabulary of its checkpoint (not the training run it
+    names, nor its optimiser state: the slim copy a version logs, evaluated again by its models:/ URI, and a
+    retrained model whose weights came out bit-identical are the same model), a hybrid's fusion (components
+    and weights) and its partners' models."""
+    fusion = json.loads(json.dumps(model.fusion)) if model.fusion else None
+    for component in (fusion or {}).get("components", []):
+        component.pop("file", None)  # the name log_model gives a partner's file inside the logged model
     served = {
-        "checkpoint": sha256_file(Path(model.checkpoint)),
-        "fusion": model.fusion,
-        "partners": {name: sha256_file(Path(path)) for name, path in sorted(model.partners.items())},
+        "model": _weights_sha256(Path(model.checkpoint)),
+        "fusion": fusion,
+        "partners": {name: _weights_sha256(Path(path)) for name, path in sorted(model.partners.items())},
     }
     return hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
+
+
+def _weights_sha256(checkpoint: Path) -> str:
+    from modeling.checkpoint import read_checkpoint
+
+    state = read_checkpoint(checkpoint)
+    digest = hashlib.sha256(json.dumps([state.get("config"), state.get("vocab")], sort_keys=True, default=str).encode())
+    for name, tensor in sorted(state["model"].items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _version_of_model(client, name: str, identity: str):
