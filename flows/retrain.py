@@ -204,18 +204,21 @@ def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[di
     tagged `test_day`) as dataset inputs and tags of its training runs
     (evaluation tags the versions it registers with the run date). Logged on every run, skipped
     training included: MLflow keeps one input per dataset digest, so a run killed before this point
-    is completed by its rerun."""
+    is completed by its rerun. The tags stay those of the night that trained it: a later night that skipped
+    the training (its days less its test day were the same) adds none."""
     from core.tracking import log_datasets
     from stages.clean.window import window_inputs
 
     client = mlflow_client(mlflow_uri)
     days = window_inputs(Path(clean_dir))
+    night = {"window": f"{window[0]}..{window[-1]}", "run_date": window[-1]}
+    night |= {"test_day": test_day} if test_day else {}
     for run_id in training_runs(done):
         log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
-        client.set_tag(run_id, "window", f"{window[0]}..{window[-1]}")
-        client.set_tag(run_id, "run_date", window[-1])
-        if test_day:
-            client.set_tag(run_id, "test_day", test_day)
+        tagged = client.get_run(run_id).data.tags
+        for key, value in night.items():
+            if key not in tagged:
+                client.set_tag(run_id, key, value)
 
 
 def write_summary(

@@ -539,3 +539,6 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     assert sorted((int(v.version), v.tags["run_date"]) for v in versions) == [(1, "2026-01-01"), (2, "2026-01-02")]
     measured_on = [k for k in client.get_model_version(gate["model"], "2").tags if k.startswith("retrieval_ndcg")]
     assert len(measured_on) == 2  # the first set and the new one
+    trained = client.get_run(run.info.run_id).data.tags  # night 2's training run: night 3 did not re-tag it
+    assert (trained["window"], trained["run_date"], trained["test_day"]) == ("2026-01-01..2026-01-02", "2026-01-02",
+                                                                           "2026-01-01")  # fmt: skip
