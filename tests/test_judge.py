@@ -215,6 +215,19 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
         registry.set_registered_model_alias("dssm-logs-clicks", "champion", str(version))
         assert held_out_day(context("2026-01-04")) == ("2026-01-04" if trained_to < "2026-01-04" else "")
     assert held_out_day(context("2026-01-05")) == "2026-01-05" and held_out_day(context("2026-01-03")) == "2026-01-01"
+    # a champion with no run date (the ninth probe, medium: registered by hand or before run dates) answers by the
+    # days its training run read; where it names none, it may have trained on any: the query split
+    from core.tracking import experiment_id, log_datasets
+
+    runs = experiment_id(store, "logs-clicks")
+    trained = registry.create_run(runs).info.run_id
+    log_datasets(store, trained, [("logs/dt=2026-01-04", str(tmp_path), "abc", "training")])
+    evaluated = registry.create_run(runs, tags={"train_run_id": trained}).info.run_id
+    for run_id in (evaluated, None):
+        undated = registry.create_model_version("dssm-logs-clicks", str(tmp_path), run_id=run_id)
+        registry.set_registered_model_alias("dssm-logs-clicks", "champion", str(undated.version))
+        assert held_out_day(context("2026-01-04")) == "" and held_out_day(context("2026-01-05")) == (
+            "2026-01-05" if run_id else "")  # fmt: skip
     registry.delete_registered_model("dssm-logs-clicks")
     # a set graded on the query split because its test day had no logs is kept by the time split's nights,
     # with no day held out of training (review of issue 63: a nightly 03:00 run on a day not yet landed)

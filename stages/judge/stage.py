@@ -96,8 +96,26 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
         champion = client(ctx.mlflow_uri).get_model_version_by_alias(name, CHAMPION)
     except MlflowException:  # nothing registered yet
         return ""
-    trained_to = champion.tags.get("run_date", "")
+    trained_to = champion.tags.get("run_date", "") or _last_day_trained_on(ctx.mlflow_uri, champion.run_id)
+    if trained_to is None:  # registered by hand, or before run dates: it may have trained on any day
+        return f"champion v{champion.version} of {name} has no run date, nor days its training run read"
     return f"champion v{champion.version} of {name} trained on a window up to {trained_to}" if trained_to >= day else ""
+
+
+def _last_day_trained_on(uri: str, evaluation_run: str) -> str | None:
+    """The last dt= partition the training run behind a registered version read (its dataset inputs, which
+    flows/retrain.py's log_window logs), from the version's evaluation run; None when none is named."""
+    import re
+
+    from core.tracking import client
+
+    try:
+        trained = client(uri).get_run(evaluation_run).data.tags.get("train_run_id", "")
+        inputs = client(uri).get_run(trained).inputs.dataset_inputs if trained else []
+    except Exception:  # a run deleted, or a version logged elsewhere
+        return None
+    days = [m.group(1) for d in inputs if (m := re.search(r"dt=(\d{4}-\d{2}-\d{2})", d.dataset.name))]
+    return max(days) if days else None
 
 
 def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | None:
