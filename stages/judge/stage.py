@@ -109,9 +109,10 @@ def _last_day_trained_on(uri: str, evaluation_run: str) -> str | None:
 
     from core.tracking import client
 
+    runs = client(uri)
     try:
-        trained = client(uri).get_run(evaluation_run).data.tags.get("train_run_id", "")
-        inputs = client(uri).get_run(trained).inputs.dataset_inputs if trained else []
+        trained = runs.get_run(evaluation_run).data.tags.get("train_run_id", "")
+        inputs = runs.get_run(trained).inputs.dataset_inputs if trained else []
     except Exception:  # a run deleted, or a version logged elsewhere
         return None
     days = [m.group(1) for d in inputs if (m := re.search(r"dt=(\d{4}-\d{2}-\d{2})", d.dataset.name))]

@@ -3,9 +3,9 @@ and registered as a version of `dssm-DATASET` (the gate decides afterwards which
 
 Idempotent: a run whose model was already registered (a rerun after a crash between the registry
 write and the published output) keeps its version instead of registering a second one, and a model
-already registered from another evaluation (the same checkpoint, fusion and partners: a night that
-trained nothing new, or the same model evaluated again by hand) keeps the version it has, with the
-run date of the night that trained it.
+already registered from another evaluation (the same weights, config and vocabulary, fusion and
+partners: a night that trained nothing new, or the same model evaluated again by hand or by its
+models:/ URI) keeps the version it has, with the run date of the night that trained it.
 """
 
 from __future__ import annotations
@@ -66,17 +66,16 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
     if version is not None and tags.get("registered_model") == name:  # registered before the output was published
         log.info("%s v%s: already registered from run %s", name, version, model.run_id)
         model_uri = tags["model_uri"]
-    elif (made := _version_of_run(client, name, model.run_id)) is not None:
-        # MLflow made the version inside log_model; a stop came before the run's tags said so
-        version, model_uri = str(made.version), made.source
+    elif (kept := _kept_version(client, name, model.run_id, identity)) is not None:
+        version, model_uri = str(kept.version), kept.source
         for key, value in _registered_tags(name, version, model_uri).items():
             client.set_tag(model.run_id, key, value)
-        log.info("%s v%s: registered from run %s by a register that was stopped; kept", name, version, model.run_id)
-    elif (same := _version_of_model(client, name, identity)) is not None:
-        version, model_uri = str(same.version), same.source
-        for key, value in _registered_tags(name, version, model_uri).items():
-            client.set_tag(model.run_id, key, value)
-        log.info("%s v%s: the same model (%s) as registered before; kept", name, version, model.system)
+        how = (  # MLflow made the version inside log_model and a stop came before the run's tags said so
+            f"registered from run {model.run_id} by a register that was stopped"
+            if kept.run_id == model.run_id
+            else f"the same model ({model.system}) as registered before"
+        )
+        log.info("%s v%s: %s; kept", name, version, how)
     else:
         use_store(uri)
         mlflow.start_run(run_id=model.run_id)  # the model is logged into the run that measured it
@@ -140,17 +139,15 @@ def _weights_sha256(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def _version_of_model(client, name: str, identity: str):
-    """The oldest ready version of `name` that serves the model `identity` names, or None."""
-    same = [v for v in client.search_model_versions(f"name='{name}'") if v.tags.get(MODEL_TAG) == identity]
-    same = [v for v in same if v.status == "READY"]
+def _kept_version(client, name: str, run_id: str, identity: str):
+    """The ready version of `name` to keep instead of registering the model again (one registry query): the
+    newest logged from run `run_id` (a register stopped after MLflow made it), else the oldest that serves
+    the model `identity` names; None when there is neither."""
+    ready = [v for v in client.search_model_versions(f"name='{name}'") if v.status == "READY"]
+    if made := [v for v in ready if v.run_id == run_id]:
+        return max(made, key=lambda v: int(v.version))
+    same = [v for v in ready if v.tags.get(MODEL_TAG) == identity]
     return min(same, key=lambda v: int(v.version)) if same else None
-
-
-def _version_of_run(client, name: str, run_id: str):
-    """The newest ready version of `name` logged from run `run_id`, or None."""
-    made = [v for v in client.search_model_versions(f"name='{name}' and run_id='{run_id}'") if v.status == "READY"]
-    return max(made, key=lambda v: int(v.version)) if made else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

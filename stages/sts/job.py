@@ -174,7 +174,9 @@ def run_sts(cfg: StsConfig) -> dict[str, Any]:
 def _name(encoder: str, spec: str) -> str:
     """A readable, distinct system name: WORKDIR/RUN for a `dssm train` run dir (para/lstm, hd/lstm),
     the run dir's name for other paths, the encoder for an MLflow URI."""
-    if "://" in spec or spec.startswith(("models:/", "runs:/")):
+    from scoring.systems import is_mlflow_model
+
+    if is_mlflow_model(spec):
         return encoder
     path = Path(spec)
     run = path.parent if path.suffix == ".pt" else path
