@@ -161,6 +161,31 @@ def test_a_run_stuck_past_the_deadline_says_where_before_it_is_ended():
     assert "still running 1 s after SIGTERM" in stderr and "stuck_in_the_flow_run" in stderr, stderr
 
 
+SPARK_STARTED_IN_A_STOPPABLE_COMMAND = """
+import os, signal, time
+from core.spark import get_spark
+from core.stopping import Stopped, signals_stop
+
+with signals_stop():
+    ours = signal.getsignal(signal.SIGINT)
+    get_spark("local[1]", "sigint-kept")
+    print("kept" if signal.getsignal(signal.SIGINT) is ours else "replaced", flush=True)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    except Stopped:
+        print("stopped", flush=True)
+"""
+
+
+def test_starting_spark_keeps_the_commands_sigint_handler():
+    """A new SparkContext installs its own SIGINT handler, which raises wherever the main thread is and
+    starts no watchdog: a ^C that landed in a py4j callback was printed as "Exception ignored" and the
+    run went on to exit 0 (the tenth probe, one of four tries)."""
+    done = subprocess.run([sys.executable, "-c", SPARK_STARTED_IN_A_STOPPABLE_COMMAND], capture_output=True, text=True)
+    assert done.stdout.split() == ["kept", "stopped"], done.stderr[-2000:]
+
+
 def test_signals_stop_works_where_stderr_is_no_file(capsys):
     """Tests call `dssm.cli.main` in process, where sys.stderr is pytest's capture (no file descriptor)."""
     from core.stopping import signals_stop

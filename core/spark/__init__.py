@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -73,7 +74,8 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     try:
-        spark = builder.getOrCreate()
+        with _sigint_kept():
+            spark = builder.getOrCreate()
     except Exception as e:  # py4j/JVM start-up failures arrive as many exception types
         raise TransientError(f"could not start Spark with master {master!r}: {str(e).splitlines()[0]}") from None
     spark.sparkContext.setLogLevel("ERROR")
@@ -82,6 +84,22 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
         _watch = ClusterWatch(spark, master, float(os.environ.get(NO_EXECUTOR_TIMEOUT_ENV, "120")))
         _watch.start()
     return spark
+
+
+@contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """SIGINT's handler as it was before the block: a new SparkContext installs its own, which raises
+    KeyboardInterrupt wherever the main thread is, without core.stopping's watchdog, so a ^C that lands
+    in a py4j callback is printed as "Exception ignored" and the run goes on to exit 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None and signal.getsignal(signal.SIGINT) is not before:  # None: set from C, not restorable
+            signal.signal(signal.SIGINT, before)
 
 
 NO_EXECUTOR_TIMEOUT_ENV = "DSSM_SPARK_NO_EXECUTOR_TIMEOUT"
