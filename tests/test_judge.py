@@ -155,7 +155,7 @@ def test_a_run_on_logs_without_judgments_evaluates_gates_and_indexes_on_their_cl
     assert analysis["test_queries"]["queries"] == report["eval_queries"]
 
 
-def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp_path):
+def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp_path, caplog):
     """stages/judge/stage.py's policy, on a judge output as the flow leaves it (its manifest amended with the
     night it was graded, its split and test day): kept within `keep_nights` of that night, for the same
     grading settings, split and intact files; graded anew after, with other settings, another split, when
@@ -192,6 +192,10 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert kept is not None and kept.skipped and kept.path == str(out)
     assert night("2026-01-01").sha256 == kept.sha256  # the night it was graded: the same set
     assert night("2026-01-04") is None  # its fourth night: a new set
+    caplog.clear()
+    with caplog.at_level("INFO"):  # a backfill (the tenth probe: "-1 nights old")
+        assert night("2025-12-31") is None
+    assert "graded on 2026-01-01, after this night" in caplog.text and "nights old" not in caplog.text
     assert night("2026-01-02", window=False) is None  # not a nightly run: graded as always
     assert night("2026-01-02", load_run_config(None, ["judge.keep_nights=3", "judge.min_shown=5"])) is None
     query_split = load_run_config(None, ["judge.keep_nights=3", "judge.split=query"])

@@ -148,7 +148,9 @@ def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | N
         return None
     age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(built_on)).days
     if not 0 <= age < cfg.keep_nights:
-        if not quiet:
+        if not quiet and age < 0:  # a backfill: a night before the one that graded the set
+            log.info("judge: the judged set was graded on %s, after this night; grading one for it", built_on)
+        elif not quiet:
             log.info("judge: the judged set of %s is %d nights old; grading a new one", built_on, age)
         return None
     if not quiet:
