@@ -197,9 +197,14 @@ def test_the_first_windowed_night_warm_starts_from_a_champion_already_there(tiny
     version = register_champion(uri, name, tmp_path / "registered")
     layout = Layout(tmp_path / "work")
     cfg = load_config(None, ["model.ncell=8", f"data.vocab={tiny_data / 'vocab'}"])
-    init_from, why = warm_start_source(layout, uri, name, cfg, "negatives", 0.5)
+    init_from, why = warm_start_source(layout, uri, name, cfg, "negatives", 0.5, "2026-01-03")
     assert init_from == str(layout.warm_start / f"v{version}" / "model.pt") and Path(init_from).is_file()
     assert why == f"champion v{version} (vocabulary overlap 100%)"
+    # its rerun starts the same way; a later night on the same rows too, and says whose decision it keeps (the
+    # eleventh probe of issue 63: it named v1 while the alias had moved to the model v1 started)
+    assert warm_start_source(layout, uri, name, cfg, "negatives", 0.5, "2026-01-03") == (init_from, why)
+    assert warm_start_source(layout, uri, name, cfg, "negatives", 0.5, "2026-01-04") == (
+        init_from, f"{why}, as decided on 2026-01-03 for the same training rows")  # fmt: skip
 
 
 def test_a_half_precision_slim_checkpoint_keeps_a_shared_towers_tensors_once(tiny_data, tmp_path):

@@ -58,7 +58,7 @@ def run(
     if ctx.window and ctx.cfg.train.warm_start:
         name = registered_name(ctx.judged.name)
         init_from, why = warm_start_source(
-            ctx.layout, ctx.mlflow_uri, name, cfg, rows.sha256, ctx.cfg.train.warm_min_overlap
+            ctx.layout, ctx.mlflow_uri, name, cfg, rows.sha256, ctx.cfg.train.warm_min_overlap, ctx.window[-1]
         )
         log.info("train %s: %s", encoder, f"warm start from {why}" if init_from else f"from scratch: {why}")
         cfg = replace(cfg, init_from=init_from) if init_from else cfg

@@ -20,13 +20,21 @@ log = logging.getLogger(__name__)
 
 
 def warm_start_source(
-    layout: Layout, mlflow_uri: str, name: str, cfg: TrainConfig, negatives_sha: str, min_overlap: float
+    layout: Layout,
+    mlflow_uri: str,
+    name: str,
+    cfg: TrainConfig,
+    negatives_sha: str,
+    min_overlap: float,
+    night: str = "",
 ) -> tuple[str | None, str]:
     """(checkpoint, why) a windowed run's model starts from: the champion of registered model `name`
     when it has this model's config and its vocabulary covers at least `min_overlap` of this run's
     tokens, else (None, why not): from scratch, also when the champion is no readable dssm checkpoint
     (logged as a warning). Decided once per training data version (the negatives' hash), so a rerun
-    of the same night trains with the same start, and is skipped."""
+    of the same night trains with the same start, and is skipped; a later `night` with the same rows (a
+    window whose new day was held out as the test day) keeps that start too, and its `why` says so: the
+    champion may have moved since."""
     import json
 
     from mlflow.exceptions import MlflowException
@@ -40,7 +48,10 @@ def warm_start_source(
     key = f"{negatives_sha}:{cfg.model.encoder}"
     pinned = decisions.get(key)
     if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
-        return pinned["init_from"], pinned["why"]  # else its checkpoint was deleted: decide again
+        decided = pinned.get("night", "")
+        later = night and decided and decided != night
+        why = pinned["why"] + (f", as decided on {decided} for the same training rows" if later else "")
+        return pinned["init_from"], why  # else its checkpoint was deleted: decide again
     client = mlflow_client(mlflow_uri)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
@@ -60,7 +71,7 @@ def warm_start_source(
             why = f"champion v{champion.version}'s vocabulary covers {overlap:.0%} of this one's (< {min_overlap:.0%})"
         else:
             init_from, why = str(checkpoint), f"champion v{champion.version} (vocabulary overlap {overlap:.0%})"
-    decisions[key] = {"init_from": init_from, "why": why}
+    decisions[key] = {"init_from": init_from, "why": why, "night": night}
     layout.warm_start.mkdir(parents=True, exist_ok=True)
     tmp = decisions_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(decisions, indent=2) + "\n")
