@@ -330,6 +330,10 @@ def test_the_gate_compares_both_sides_at_the_reports_precision(tmp_path):
     assert not decision.promoted and "does not beat champion v1" in decision.reason
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
     assert champion_gate(client, name, "2", 94.4675, "key", lambda uri: 0.0).promoted  # a better one still wins
+    # the champion gated again (a hand re-evaluation of models:/…@champion, a night whose model is unchanged) is
+    # kept, not promoted a second time: the eleventh probe of issue 63, where it counted as a promotion
+    again = champion_gate(client, name, "2", 94.4675, "key", lambda uri: 0.0)
+    assert not again.promoted and again.reason == "already the champion" and again.champion_version == "2"
 
 
 def test_a_champion_that_cannot_be_loaded_stops_the_gate_with_what_to_do(tiny_data, tmp_path, capsys):

@@ -84,7 +84,7 @@ def champion_gate(
         return GateDecision(True, version, ndcg10, None, None, "no champion yet" + _settle(client, name, tag, None))
     held = str(champion.version)  # MLflow's stores give an int or a str; gate.json keeps versions as str
     if held == str(version):
-        return GateDecision(True, version, ndcg10, version, ndcg10, "already the champion")
+        return GateDecision(False, version, ndcg10, version, ndcg10, "already the champion")  # kept: no move
     known = champion.tags.get(tag)
     if known is None:
         try:
