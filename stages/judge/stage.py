@@ -98,7 +98,8 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
         return ""
     trained_to = champion.tags.get("run_date", "") or _last_day_trained_on(ctx.mlflow_uri, champion.run_id)
     if trained_to is None:  # registered by hand, or before run dates: it may have trained on any day
-        return f"champion v{champion.version} of {name} has no run date, nor days its training run read"
+        undated = "no run date, nor days its training run read"
+        return f"champion v{champion.version} of {name} ({undated}) may have trained on {day}"
     return f"champion v{champion.version} of {name} trained on a window up to {trained_to}" if trained_to >= day else ""
 
 
