@@ -53,15 +53,17 @@ def pytest_configure(config):
     # and on the same core. Spark's own options for it, left alone where the user set them.
     fast_start = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     if "PYSPARK_SUBMIT_ARGS" not in os.environ and not worker:  # the workers inherit the controller's
-        # ...and the drivers map the classes a small pipeline loads from one archive (tests/jvm_archive.py): a
-        # driver's start and first jobs took 5.1 s against 8.4 s (one core, 3 runs each)
-        import jvm_archive
+        drivers = fast_start
+        if getattr(config.option, "numprocesses", None):
+            # `make test`'s drivers also map the classes a small pipeline loads from one archive, built as the
+            # run starts (tests/jvm_archive.py): a `dssm clean` subprocess took 16.3 s against 19.8 s (BENCHMARKS.md)
+            import jvm_archive
 
-        archive = Path(tempfile.mkdtemp(prefix="dssm-tests-jvm-")) / "spark.jsa"
-        building = jvm_archive.start(archive, fast_start)
-        atexit.register(shutil.rmtree, archive.parent, ignore_errors=True)
-        atexit.register(building.kill)  # run first: a build still going when the run ends
-        drivers = f"{fast_start} {jvm_archive.ARCHIVE_FLAG}{archive}"
+            archive = Path(tempfile.mkdtemp(prefix="dssm-tests-jvm-")) / "spark.jsa"
+            building = jvm_archive.start(archive, fast_start)
+            atexit.register(shutil.rmtree, archive.parent, ignore_errors=True)
+            atexit.register(building.kill)  # run first: a build still going when the run ends
+            drivers += f" {jvm_archive.ARCHIVE_FLAG}{archive}"
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
             f'--conf "spark.driver.defaultJavaOptions={drivers}" '
             f'--conf "spark.executor.defaultJavaOptions={fast_start}" pyspark-shell'

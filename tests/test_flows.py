@@ -471,7 +471,7 @@ def test_three_nights_of_windowed_retraining_clean_each_day_once_and_warm_start(
     assert json.loads((work / "judge" / "manifest.json").read_text())["inputs"]["clean"]["path"] == held_out()["path"]
     assert "simulate" not in stages and stages["clean"]["path"] == str(work / "clean")
     assert (stages["clean"]["counts"]["days"], stages["clean"]["counts"]["days_cleaned"]) == (1, 2)
-    assert decisions() == [{"init_from": None, "why": "no champion yet"}]
+    assert decisions() == [{"init_from": None, "why": "no champion yet", "night": "2026-01-01"}]
     assert summary["gate"][0]["promoted"] and summary["gate"][0]["version"] == "1"
     day1 = day_cache("2026-01-01").stat().st_mtime_ns
 
