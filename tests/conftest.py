@@ -34,7 +34,8 @@ def pytest_configure(config):
     and every process it starts see that share (core.machine.usable_cpus). Left to share both cores,
     two workers oversubscribed them: the suite took 1,245 s against 1,168 s pinned (the same VM, one
     run each). Every test session keeps its Prefect runs in its own database, not the user's
-    ~/.prefect, so a worker's tests never read another's flow runs."""
+    ~/.prefect, so a worker's tests never read another's flow runs. Spark's drivers start on C1 and the
+    serial GC and, in a run on workers, map a class-data archive built as it starts (tests/jvm_archive.py)."""
     import atexit
     import shutil
     import tempfile
@@ -55,15 +56,14 @@ def pytest_configure(config):
     if "PYSPARK_SUBMIT_ARGS" not in os.environ and not worker:  # the workers inherit the controller's
         drivers = fast_start
         if getattr(config.option, "numprocesses", None):
-            # `make test`'s drivers also map the classes a small pipeline loads from one archive, built as the
-            # run starts (tests/jvm_archive.py): a `dssm clean` subprocess took 16.3 s against 19.8 s (BENCHMARKS.md)
-            import jvm_archive
+            # a run on xdist workers (`make test`): its drivers also map the classes a small pipeline loads from
+            # one archive, built as the run starts (tests/jvm_archive.py): a `dssm clean` subprocess took 16.3 s
+            # against 19.8 s (BENCHMARKS.md)
+            from jvm_archive import ArchiveBuild
 
-            archive = Path(tempfile.mkdtemp(prefix="dssm-tests-jvm-")) / "spark.jsa"
-            building = jvm_archive.start(archive, fast_start)
-            atexit.register(shutil.rmtree, archive.parent, ignore_errors=True)
-            atexit.register(building.kill)  # run first: a build still going when the run ends
-            drivers += f" {jvm_archive.ARCHIVE_FLAG}{archive}"
+            archive = ArchiveBuild(fast_start)
+            atexit.register(archive.close)
+            drivers += f" {archive.option}"
         os.environ["PYSPARK_SUBMIT_ARGS"] = (
             f'--conf "spark.driver.defaultJavaOptions={drivers}" '
             f'--conf "spark.executor.defaultJavaOptions={fast_start}" pyspark-shell'

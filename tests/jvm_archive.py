@@ -1,31 +1,59 @@
-"""A class-data-sharing archive for the suite's Spark drivers: the classes a small pipeline loads, parsed and
-verified once per test run, then mapped by every driver JVM the suite starts (its own sessions, each `dssm`
-subprocess and flow run). Started in the background when the run starts; a JVM started before it is in place
-runs without it (a missing archive is no error), as does a JVM whose class path or version differs.
+"""A class-data-sharing archive for the Spark drivers of a run of the suite on pytest-xdist workers (`make test`):
+the classes a small pipeline loads, parsed and verified once per run, then mapped by every driver JVM started once
+it is in place (each `dssm` subprocess and flow run; not the workers' own sessions, started in the run's first
+seconds). The archive is a layer on the JDK's default one, so a driver started before it exists, or one whose class
+path or JDK differs, runs on that default as before.
 
-Run as a script, it is that pipeline: simulate -> clean -> vocab -> negatives on 2,000 impressions, in a
-driver that writes the archive when it exits.
+Run as a script, it is that pipeline: simulate -> clean -> vocab -> negatives on 2,000 impressions, in a driver
+that writes the archive as it exits.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ARCHIVE_FLAG = "-XX:SharedArchiveFile="
+
+def default_archive() -> Path | None:
+    """The JDK's own archive (lib/server/classes.jsa) of the java Spark starts: $JAVA_HOME's, else the PATH's."""
+    home = os.environ.get("JAVA_HOME")
+    java = Path(home) / "bin" / "java" if home else shutil.which("java")
+    if java is None:
+        return None
+    base = Path(java).resolve().parents[1] / "lib" / "server" / "classes.jsa"
+    return base if base.is_file() else None
 
 
-def start(archive: Path, java_options: str) -> subprocess.Popen:
-    """Build `archive` in a process of its own (about 20 s on one core); it appears whole (renamed into place)."""
-    return subprocess.Popen(
-        [sys.executable, __file__, str(archive), java_options],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=Path(__file__).resolve().parents[1],
-    )
+class ArchiveBuild:
+    """The archive, built in the background (about 45 s of one core) in a folder of its own, where it appears whole
+    (renamed into place); `option` is the drivers' JVM option for it ("" where the JDK has no default archive to
+    layer it on: no build). `close` ends a build still running (its driver with it) and removes the folder."""
+
+    def __init__(self, java_options: str):
+        self.folder = Path(tempfile.mkdtemp(prefix="dssm-tests-jvm-"))
+        archive, base = self.folder / "spark.jsa", default_archive()
+        self.option = f"-XX:SharedArchiveFile={base}:{archive}" if base else ""
+        self.process = None
+        if base:
+            with open(self.folder / "build.log", "w") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, __file__, str(archive), f"{java_options} -Djava.io.tmpdir={self.folder}"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "TMPDIR": str(self.folder), "SPARK_LOCAL_DIRS": str(self.folder)},
+                    start_new_session=True,  # not stopped by a ^C to the suite: close() ends it, without its dump
+                )
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _build(archive: Path, java_options: str) -> None:
@@ -43,19 +71,20 @@ def _build(archive: Path, java_options: str) -> None:
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f'--conf "spark.driver.defaultJavaOptions={java_options} -XX:ArchiveClassesAtExit={partial}" pyspark-shell'
     )
-    with tempfile.TemporaryDirectory(prefix="dssm-jvm-archive-") as tmp:
-        work = Path(tmp)
-        simulate(read_judgments(DEFAULT_CATALOGUE), work / "simulate", SimulationConfig(impressions=2_000, shards=2,
-                 workers=1), {"path": "default", "sha256": "default"})  # fmt: skip
-        spark = get_spark("local[1]", "dssm-jvm-archive")
-        clean(spark, str(work / "simulate"), work / "clean")
-        vocab(spark, work / "clean", work / "vocab")
-        negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=2))
-        jvm = spark.sparkContext._gateway.proc  # the driver: it writes the archive as it exits
-        spark.stop()
-        jvm.stdin.close()  # the launcher's signal to exit
-        jvm.wait(timeout=120)
-    if partial.is_file():
+    work = Path(tempfile.mkdtemp())
+    simulate(read_judgments(DEFAULT_CATALOGUE), work / "simulate", SimulationConfig(impressions=2_000, shards=2,
+             workers=1), {"path": "default", "sha256": "default"})  # fmt: skip
+    spark = get_spark("local[1]", "dssm-jvm-archive")
+    clean(spark, str(work / "simulate"), work / "clean")
+    vocab(spark, work / "clean", work / "vocab")
+    negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=2))
+    jvm = spark.sparkContext._gateway.proc  # the driver: it writes the archive as it exits
+    spark.stop()
+    jvm.stdin.close()  # the launcher's signal to exit
+    jvm.wait(timeout=120)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"driver exited {jvm.returncode}; archive {'written' if partial.is_file() else 'not written'}", flush=True)
+    if jvm.returncode == 0 and partial.is_file():
         partial.rename(archive)
 
 

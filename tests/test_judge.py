@@ -233,6 +233,7 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
         assert held_out_day(context("2026-01-04")) == "" and held_out_day(context("2026-01-05")) == (
             "2026-01-05" if run_id else "")  # fmt: skip
     assert "read) may have trained on 2026-01-05, the day a new set would be graded from" in caplog.text
+    assert "up to 2026-01-04, which covers 2026-01-04, the day a new set would be graded from" in caplog.text
     registry.delete_registered_model("dssm-logs-clicks")
     # a set graded on the query split because its test day had no logs is kept by the time split's nights,
     # with no day held out of training (review of issue 63: a nightly 03:00 run on a day not yet landed)

@@ -182,7 +182,8 @@ def test_starting_spark_keeps_the_commands_sigint_handler():
     """A new SparkContext installs its own SIGINT handler, which raises wherever the main thread is and
     starts no watchdog: a ^C that landed in a py4j callback was printed as "Exception ignored" and the
     run went on to exit 0 (the tenth probe, one of four tries)."""
-    done = subprocess.run([sys.executable, "-c", SPARK_STARTED_IN_A_STOPPABLE_COMMAND], capture_output=True, text=True)
+    command = [sys.executable, "-c", SPARK_STARTED_IN_A_STOPPABLE_COMMAND]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["kept", "stopped"], done.stderr[-2000:]
 
 

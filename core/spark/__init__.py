@@ -88,9 +88,10 @@ def get_spark(master: str | None = None, app: str = "dssm", conf: dict[str, Any]
 
 @contextmanager
 def _sigint_kept() -> Iterator[None]:
-    """SIGINT's handler as it was before the block: a new SparkContext installs its own, which raises
-    KeyboardInterrupt wherever the main thread is, without core.stopping's watchdog, so a ^C that lands
-    in a py4j callback is printed as "Exception ignored" and the run goes on to exit 0."""
+    """SIGINT's handler as it was before the block, where a dssm command set its own (core.stopping): a new
+    SparkContext installs one that raises KeyboardInterrupt wherever the main thread is, without the command's
+    watchdog, so a ^C that landed in a py4j callback was printed as "Exception ignored" and the run went on to
+    exit 0. Elsewhere (Python's default handler: a notebook, a script) pyspark's stays: it cancels the jobs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -98,7 +99,8 @@ def _sigint_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        if before is not None and signal.getsignal(signal.SIGINT) is not before:  # None: set from C, not restorable
+        ours = before not in (None, signal.default_int_handler)  # None: set from C, not restorable
+        if ours and signal.getsignal(signal.SIGINT) is not before:
             signal.signal(signal.SIGINT, before)
 
 

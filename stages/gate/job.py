@@ -72,13 +72,13 @@ def champion_gate(
     label = METRIC_LABELS.get(metric, metric)
     # both sides at the report's precision: a champion scored here and the same model's reported score tie
     ndcg10 = round(ndcg10, REPORTED_DECIMALS)
-    client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
-    if system:
-        client.set_model_version_tag(name, version, "system", system)
-    try:
+    try:  # read before this version's score is tagged: until then no other gate's _settle can hand it the alias
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         champion = None
+    client.set_model_version_tag(name, version, tag, f"{ndcg10:.6f}")
+    if system:
+        client.set_model_version_tag(name, version, "system", system)
     if champion is None:
         client.set_registered_model_alias(name, CHAMPION, version)
         return GateDecision(True, version, ndcg10, None, None, "no champion yet" + _settle(client, name, tag, None))

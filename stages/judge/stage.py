@@ -100,7 +100,9 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
     if trained_to is None:  # registered by hand, or before run dates: it may have trained on any day
         undated = "no run date, nor days its training run read"
         return f"champion v{champion.version} of {name} ({undated}) may have trained on {day}"
-    return f"champion v{champion.version} of {name} trained on a window up to {trained_to}" if trained_to >= day else ""
+    if trained_to < day:
+        return ""
+    return f"champion v{champion.version} of {name} trained on a window up to {trained_to}, which covers {day}"
 
 
 def _last_day_trained_on(uri: str, evaluation_run: str) -> str | None:
@@ -150,7 +152,7 @@ def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | N
     age = (date.fromisoformat(ctx.window[-1]) - date.fromisoformat(built_on)).days
     if not 0 <= age < cfg.keep_nights:
         if not quiet and age < 0:  # a backfill: a night before the one that graded the set
-            log.info("judge: the judged set was graded on %s, after this night; grading one for it", built_on)
+            log.info("judge: the judged set was graded on %s, after this night: graded anew, in its place", built_on)
         elif not quiet:
             log.info("judge: the judged set of %s is %d nights old; grading a new one", built_on, age)
         return None

@@ -49,7 +49,7 @@ def warm_start_source(
     pinned = decisions.get(key)
     if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
         decided = pinned.get("night", "")
-        later = night and decided and decided != night
+        later = bool(night and decided and decided != night)
         why = pinned["why"] + (f", as decided on {decided} for the same training rows" if later else "")
         return pinned["init_from"], why  # else its checkpoint was deleted: decide again
     client = mlflow_client(mlflow_uri)
