@@ -192,10 +192,8 @@ def built_once_per_run(tmp_path_factory, name: str) -> Iterator[tuple[Path, bool
         built.touch()
 
 
-@pytest.fixture(scope="session")
-def pipeline(default_pairs, tmp_path_factory, request) -> dict[str, Path]:
-    """simulate -> clean -> vocab -> negatives on 20k impressions of the embedded catalogue, built once
-    per test run (~45 s on one core): the workers of `make test` read the same folders."""
+def data_stages(spark, pairs, work: Path, impressions: int, negatives_shards: int) -> None:
+    """simulate -> clean -> vocab -> negatives of `impressions` impressions of `pairs`, into WORK/STAGE."""
     from stages.clean.job import clean
     from stages.negatives.config import NegativesConfig
     from stages.negatives.job import negatives
@@ -203,18 +201,21 @@ def pipeline(default_pairs, tmp_path_factory, request) -> dict[str, Path]:
     from stages.simulate.job import simulate
     from stages.vocab.job import vocab
 
+    simulate(pairs, work / "simulate", SimulationConfig(impressions=impressions, shards=2, workers=1),
+             {"path": "default", "sha256": "default"})  # fmt: skip
+    clean(spark, str(work / "simulate"), work / "clean")
+    vocab(spark, work / "clean", work / "vocab")
+    negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=negatives_shards))
+
+
+@pytest.fixture(scope="session")
+def pipeline(default_pairs, tmp_path_factory, request) -> dict[str, Path]:
+    """The data stages on 20k impressions of the embedded catalogue, built once per test run (~45 s on one
+    core): the workers of `make test` read the same folders."""
     with built_once_per_run(tmp_path_factory, "pipeline") as (work, build):
         if build:
             spark = request.getfixturevalue("spark")  # only the worker that builds it needs a session for it
-            simulate(
-                default_pairs,
-                work / "simulate",
-                SimulationConfig(impressions=20_000, shards=2, workers=1),
-                {"path": "default", "sha256": "default"},
-            )
-            clean(spark, str(work / "simulate"), work / "clean")
-            vocab(spark, work / "clean", work / "vocab")
-            negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=3))
+            data_stages(spark, default_pairs, work, 20_000, negatives_shards=3)
     return {stage: work / stage for stage in ("simulate", "clean", "vocab", "negatives")}
 
 

@@ -58,26 +58,18 @@ class ArchiveBuild:
 
 def _build(archive: Path, java_options: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from conftest import data_stages
+
     from core.judgments import DEFAULT_CATALOGUE, read_judgments
     from core.spark import get_spark
-    from stages.clean.job import clean
-    from stages.negatives.config import NegativesConfig
-    from stages.negatives.job import negatives
-    from stages.simulate.config import SimulationConfig
-    from stages.simulate.job import simulate
-    from stages.vocab.job import vocab
 
     partial = archive.with_name(archive.name + ".partial")
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f'--conf "spark.driver.defaultJavaOptions={java_options} -XX:ArchiveClassesAtExit={partial}" pyspark-shell'
     )
     work = Path(tempfile.mkdtemp())
-    simulate(read_judgments(DEFAULT_CATALOGUE), work / "simulate", SimulationConfig(impressions=2_000, shards=2,
-             workers=1), {"path": "default", "sha256": "default"})  # fmt: skip
     spark = get_spark("local[1]", "dssm-jvm-archive")
-    clean(spark, str(work / "simulate"), work / "clean")
-    vocab(spark, work / "clean", work / "vocab")
-    negatives(spark, work / "clean", work / "negatives", NegativesConfig(shards=2))
+    data_stages(spark, read_judgments(DEFAULT_CATALOGUE), work, 2_000, negatives_shards=2)
     jvm = spark.sparkContext._gateway.proc  # the driver: it writes the archive as it exits
     spark.stop()
     jvm.stdin.close()  # the launcher's signal to exit

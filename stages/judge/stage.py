@@ -14,10 +14,14 @@ from __future__ import annotations
 import logging
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.artifacts import altered, amend_manifest, read_manifest
 from core.errors import DssmError
 from core.stage import RunContext, StageOutput, run_data_stage
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 log = logging.getLogger("dssm.flow")
 
@@ -93,10 +97,11 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
 
     name = registered_name(ctx.judged.name)
     try:
-        champion = client(ctx.mlflow_uri).get_model_version_by_alias(name, CHAMPION)
+        runs = client(ctx.mlflow_uri)
+        champion = runs.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:  # nothing registered yet
         return ""
-    trained_to = champion.tags.get("run_date", "") or _last_day_trained_on(ctx.mlflow_uri, champion.run_id)
+    trained_to = champion.tags.get("run_date", "") or _last_day_trained_on(runs, champion.run_id)
     if trained_to is None:  # registered by hand, or before run dates: it may have trained on any day
         undated = "no run date, nor days its training run read"
         return f"champion v{champion.version} of {name} ({undated}) may have trained on {day}"
@@ -105,14 +110,11 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
     return f"champion v{champion.version} of {name} trained on a window up to {trained_to}, which covers {day}"
 
 
-def _last_day_trained_on(uri: str, evaluation_run: str) -> str | None:
+def _last_day_trained_on(runs: MlflowClient, evaluation_run: str) -> str | None:
     """The last dt= partition the training run behind a registered version read (its dataset inputs, which
     flows/retrain.py's log_window logs), from the version's evaluation run; None when none is named."""
     import re
 
-    from core.tracking import client
-
-    runs = client(uri)
     try:
         trained = runs.get_run(evaluation_run).data.tags.get("train_run_id", "")
         inputs = runs.get_run(trained).inputs.dataset_inputs if trained else []

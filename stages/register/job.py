@@ -11,9 +11,11 @@ models:/ URI) keeps the version it has, with the run date of the night that trai
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,8 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
 
     client = mlflow_client(uri)
     run = client.get_run(model.run_id)
-    tags, identity = run.data.tags, model_sha256(model)
+    tags = run.data.tags
+    identity = functools.cache(functools.partial(model_sha256, model))  # reads the checkpoints: only where asked
     version = tags.get("registered_version")
     if version is not None and tags.get("registered_model") == name:  # registered before the output was published
         log.info("%s v%s: already registered from run %s", name, version, model.run_id)
@@ -92,7 +95,7 @@ def _register_one(uri: str, name: str, model: Registrable, run_date: str) -> dic
         client.set_terminated(model.run_id, "FINISHED")  # its evaluation finished, and its version is kept
     registered = client.get_model_version(name, version)
     if MODEL_TAG not in registered.tags:
-        client.set_model_version_tag(name, version, MODEL_TAG, identity)
+        client.set_model_version_tag(name, version, MODEL_TAG, identity())
     if run_date and registered.run_id == model.run_id:  # a version kept from another run keeps its night's date
         client.set_model_version_tag(name, version, "run_date", run_date)
     return {
@@ -139,14 +142,14 @@ def _weights_sha256(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def _kept_version(client, name: str, run_id: str, identity: str):
+def _kept_version(client, name: str, run_id: str, identity: Callable[[], str]):
     """The ready version of `name` to keep instead of registering the model again (one registry query): the
     newest logged from run `run_id` (a register stopped after MLflow made it), else the oldest that serves
     the model `identity` names; None when there is neither."""
     ready = [v for v in client.search_model_versions(f"name='{name}'") if v.status == "READY"]
     if made := [v for v in ready if v.run_id == run_id]:
         return max(made, key=lambda v: int(v.version))
-    same = [v for v in ready if v.tags.get(MODEL_TAG) == identity]
+    same = [v for v in ready if v.tags.get(MODEL_TAG) == identity()]
     return min(same, key=lambda v: int(v.version)) if same else None
 
 
