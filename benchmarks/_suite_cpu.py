@@ -22,6 +22,7 @@ CGROUPS = Path("/sys/fs/cgroup/cpuacct")
 _group: Path | None = None
 _rows: list[tuple[str, float, float]] = []
 _start = 0.0
+_worker = ""
 
 
 def _usage() -> float:
@@ -29,12 +30,12 @@ def _usage() -> float:
 
 
 def pytest_configure(config) -> None:
-    global _group, _start
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
+    global _group, _start, _worker
+    _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not _worker:
         return
     try:
-        group = CGROUPS / f"dssm-suite-{worker}"
+        group = CGROUPS / f"dssm-suite-{_worker}"
         group.mkdir(exist_ok=True)
         (group / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
@@ -58,5 +59,5 @@ def pytest_unconfigure(config) -> None:
         return
     out = Path(os.environ.get("DSSM_SUITE_CPU_DIR", tempfile.gettempdir()))
     lines = [f"{wall:.1f}\t{cpu:.1f}\t{test}" for test, wall, cpu in _rows]
-    lines.append(f"total\t{_usage() - _start:.1f}\t{os.environ['PYTEST_XDIST_WORKER']}")
-    (out / f"suite-cpu-{os.environ['PYTEST_XDIST_WORKER']}.tsv").write_text("\n".join(lines) + "\n")
+    lines.append(f"total\t{_usage() - _start:.1f}\t{_worker}")
+    (out / f"suite-cpu-{_worker}.tsv").write_text("\n".join(lines) + "\n")

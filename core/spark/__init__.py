@@ -92,15 +92,15 @@ def _sigint_kept() -> Iterator[None]:
     SparkContext installs one that raises KeyboardInterrupt wherever the main thread is, without the command's
     watchdog, so a ^C that landed in a py4j callback was printed as "Exception ignored" and the run went on to
     exit 0. Elsewhere (Python's default handler: a notebook, a script) pyspark's stays: it cancels the jobs."""
-    if threading.current_thread() is not threading.main_thread():
+    before = signal.getsignal(signal.SIGINT)
+    # None: set from C, not restorable; off the main thread no handler can be set
+    if before in (None, signal.default_int_handler) or threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.getsignal(signal.SIGINT)
     try:
         yield
     finally:
-        ours = before not in (None, signal.default_int_handler)  # None: set from C, not restorable
-        if ours and signal.getsignal(signal.SIGINT) is not before:
+        if signal.getsignal(signal.SIGINT) is not before:
             signal.signal(signal.SIGINT, before)
 
 

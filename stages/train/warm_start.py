@@ -47,11 +47,12 @@ def warm_start_source(
     decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else {}
     key = f"{negatives_sha}:{cfg.model.encoder}"
     pinned = decisions.get(key)
+    # a pinned decision holds while its checkpoint does; a deleted one is decided again
     if pinned and (pinned["init_from"] is None or Path(pinned["init_from"]).is_file()):
         decided = pinned.get("night", "")
-        later = bool(night and decided and decided != night)
-        why = pinned["why"] + (f", as decided on {decided} for the same training rows" if later else "")
-        return pinned["init_from"], why  # else its checkpoint was deleted: decide again
+        if night and decided not in ("", night):
+            return pinned["init_from"], f"{pinned['why']}, as decided on {decided} for the same training rows"
+        return pinned["init_from"], pinned["why"]
     client = mlflow_client(mlflow_uri)
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
