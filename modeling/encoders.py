@@ -159,7 +159,7 @@ class Recurrent(nn.Module):
     def loop_for(self, x: Tensor) -> str:
         """The implementation a batch on x's device runs: `model.impl`, with auto resolved: torch's
         kernels (cuDNN) on a GPU where they compute the cell, one launch per direction instead of about
-        ten per word; else the Python loop, fastest on the CPU (BENCHMARKS.md)."""
+        ten per word; else the Python loop, fastest on the CPU (docs/studies/training-throughput.md)."""
         if self.impl != "auto":
             return self.impl
         return "native" if x.is_cuda and self.native_ok else "loop"
