@@ -35,7 +35,8 @@ def pytest_configure(config):
     two workers oversubscribed them: the suite took 1,245 s against 1,168 s pinned (the same VM, one
     run each). Every test session keeps its Prefect runs in its own database, not the user's
     ~/.prefect, so a worker's tests never read another's flow runs. Spark's drivers start on C1 and the
-    serial GC and, in a run on workers, map a class-data archive built as it starts (tests/jvm_archive.py)."""
+    serial GC and, in a run on workers that selects the integration tests, map a class-data archive built as it
+    starts (tests/jvm_archive.py)."""
     import atexit
     import shutil
     import tempfile
@@ -55,10 +56,11 @@ def pytest_configure(config):
     fast_start = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     if "PYSPARK_SUBMIT_ARGS" not in os.environ and not worker:  # the workers inherit the controller's
         drivers = fast_start
-        if getattr(config.option, "numprocesses", None):
+        if getattr(config.option, "numprocesses", None) and "not integration" not in (config.option.markexpr or ""):
             # a run on xdist workers (`make test`): its drivers also map the classes a small pipeline loads from
             # one archive, built as the run starts (tests/jvm_archive.py): a `dssm clean` subprocess took 16.3 s
-            # against 19.8 s (BENCHMARKS.md)
+            # against 19.8 s (BENCHMARKS.md). Not for the unit tests alone (`make test-fast`): their few drivers
+            # would not repay its 45 s of one core
             from jvm_archive import ArchiveBuild
 
             archive = ArchiveBuild(fast_start)
