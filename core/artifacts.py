@@ -35,7 +35,7 @@ from core.errors import DssmError, naming_full_disk
 MANIFEST = "manifest.json"
 # The packages whose source makes up the product; tests, docs, benchmarks, reproductions and studies are not.
 PROJECT_PACKAGES = (
-    "core", "modeling", "scoring", "stages", "flows", "infra", "dssm"
+    "core", "modeling", "scoring", "stages", "service", "flows", "infra", "dssm"
 )  # fmt: skip
 FAULT_ENV = "DSSM_FAULT_BEFORE_PUBLISH"  # fault injection: SIGKILL a stage between write and rename
 _HASH_CHUNK = 1 << 20

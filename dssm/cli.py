@@ -147,6 +147,15 @@ COMMANDS: dict[str, Command] = {
         "Answer queries from a `dssm index` output (default: WORKDIR/index, the champion's after `dssm run`) or "
         "from MLflow (--model). See docs/retrieval.md.",
     ),
+    "serve": Command(
+        "service.command",
+        "serve the champion's retriever over HTTP: micro-batched, bounded, swapped when the champion moves",
+        "Hold the champion's retriever in memory and answer HTTP JSON queries (POST /search {\"query\": ...}, "
+        "/health, /ready, /metrics): concurrent requests share one model call, every input and the queue are "
+        "bounded (4xx, 503 when full), and a new champion (the gate moved the alias, the index stage indexed it) "
+        "is loaded in the background and swapped in. Serves WORKDIR's champion from its MLflow store, or one "
+        "--index. See docs/retrieval.md#the-search-service.",
+    ),
     "analyze": Command(
         "stages.analyze.job",
         "what a trained LSTM-RNN reads: gates and cells per word, keywords, topics, RNN vs LSTM, cost curves",

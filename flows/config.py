@@ -22,6 +22,7 @@ from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
 from modeling.config import TrainSettings
+from service.config import ServeConfig
 from stages.analyze.config import AnalyzeSettings
 from stages.clean.config import CleanConfig
 from stages.evaluate.config import EvaluateSettings
@@ -109,6 +110,7 @@ class RunConfig:
     catalogue: str = ""  # titles to index: Parquet/CSV with a `title` column; empty: the clean stage's title pool
     index: IndexConfig = field(default_factory=IndexConfig)
     analyze: AnalyzeSettings = field(default_factory=AnalyzeSettings)
+    serve: ServeConfig = field(default_factory=ServeConfig)  # `dssm serve --config RUN.yaml` (the flow runs no server)
     # optional stages not to run, by name: mine, teacher, index, analyze (`dssm run --help` marks them)
     skip: list[str] = field(default_factory=list)
     mlflow_uri: str = ""  # default: $MLFLOW_TRACKING_URI, else sqlite WORKDIR/mlflow.db

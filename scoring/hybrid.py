@@ -130,11 +130,14 @@ def fusion_components(fusion: dict) -> tuple[list[dict], list[float]]:
     return list(components), [float(w) for w in weights]
 
 
-def load_components(fusion: dict, model: Scorer, files: dict[str, Path]) -> dict[str, Scorer]:
+def load_components(
+    fusion: dict, model: Scorer, files: dict[str, Path], remember: bool = True, device: str = "cpu"
+) -> dict[str, Scorer]:
     """The scorers a saved hybrid fuses, by component name, its model (already loaded) first: BM25 from
     the saved statistics, MiniLM from the bundled weights, a trained partner from its checkpoint
     (`files`: a component's file name -> where it is now). Nothing here unpickles: checkpoints load as
-    tensors and data (modeling/checkpoint.py)."""
+    tensors and data (modeling/checkpoint.py). `remember=False`: MiniLM keeps no vectors (a served retriever);
+    the embedders run on `device`."""
     from scoring.lexical import BM25
     from scoring.neural import MiniLMEmbedder, TwoTowerEmbedder
 
@@ -147,9 +150,9 @@ def load_components(fusion: dict, model: Scorer, files: dict[str, Path]) -> dict
         elif kind == "bm25":
             out[c["name"]] = BM25.from_dict(fusion["bm25"])
         elif kind == "minilm":
-            out[c["name"]] = MiniLMEmbedder()
+            out[c["name"]] = MiniLMEmbedder(device, remember=remember)
         elif kind == "checkpoint" and c.get("file") in files:
-            out[c["name"]] = TwoTowerEmbedder(files[c["file"]])
+            out[c["name"]] = TwoTowerEmbedder(files[c["file"]], device)
         else:
             raise DssmError(
                 f"fusion component {c.get('name')!r}: unknown kind {kind!r} or file {c.get('file')!r} missing"

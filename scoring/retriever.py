@@ -111,7 +111,8 @@ class Retriever:
         self.partner_indexes = partner_indexes or {}
         if fusion:
             described, self.weights = fusion_components(fusion)
-            self.components = load_components(fusion, embedder, files or {})
+            # what users type is neither kept in memory nor added to the MiniLM store on disk
+            self.components = load_components(fusion, embedder, files or {}, remember=False)
             self.kinds = [c["kind"] for c in described]
             for position, kind in enumerate(self.kinds):
                 if kind in ("minilm", "checkpoint") and position not in self.partner_indexes:
@@ -152,24 +153,23 @@ class Retriever:
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top k titles per query, best first. A hybrid fuses its candidates (each dense
         component's top `depth` from its index, and BM25's top `depth` when it has `lexical`) as
-        scoring/fusion.py says. A query is read to its first MAX_QUERY_WORDS words (core/text.py);
-        a null or empty one is refused."""
+        scoring/fusion.py says; they do not depend on k, so a k above them returns them all. A query
+        is read to its first MAX_QUERY_WORDS words (core/text.py); a null or empty one is refused.
+        Every dense component embeds and searches all the queries in one call."""
         if k < 1:
             raise DssmError(f"k must be at least 1, got {k}")
         read = [capped_query(q) for q in checked_texts(queries, "query")]
-        depth = min(max(k, self.fusion.depth if self.fusion else k), self.index.ntotal)
+        # a hybrid's candidates are each component's top `depth` whatever k is: its top 10 never depends on k
+        depth = min(self.fusion.depth if self.fusion else k, self.index.ntotal)
         vectors = unit_rows(self.embedder.embed(read, "query"))
         scores, ids = self.index.search(vectors, depth)
         if self.fusion is not None:
-            partners = {  # each dense partner's query vectors, for all queries at once
-                p: unit_rows(self.components[name].embed(read, "query"))
-                for p, name in enumerate(self.components)
-                if self.kinds[p] in ("minilm", "checkpoint")
-            }
-            return [
-                self._fused(query, {0: vectors[q]} | {p: v[q] for p, v in partners.items()}, ids[q], depth, k)
-                for q, query in enumerate(read)
-            ]
+            dense = {0: (vectors, ids)}  # each dense component's query vectors and top ids, by position
+            for p, name in enumerate(self.components):
+                if self.kinds[p] in ("minilm", "checkpoint"):
+                    partner = unit_rows(self.components[name].embed(read, "query"))
+                    dense[p] = (partner, self.partner_indexes[p].search(partner, depth)[1])
+            return [self._fused(q, query, dense, depth, k) for q, query in enumerate(read)]
         out = []
         for row_scores, row_ids in zip(scores, ids, strict=True):
             keep = row_ids >= 0
@@ -178,23 +178,21 @@ class Retriever:
         return out
 
     def _fused(
-        self, query: str, query_vectors: dict[int, np.ndarray], ids: np.ndarray, depth: int, k: int
+        self, q: int, query: str, dense: dict[int, tuple[np.ndarray, np.ndarray]], depth: int, k: int
     ) -> list[Hit]:
-        """One query's hits: every component's top `depth` (the model's: `ids`), each candidate scored
-        by every component (`query_vectors`: the query's vector under each dense one, by position)."""
+        """Query q's hits: every component's top `depth` (a dense one's from `dense`: its query vectors and
+        top ids, by position), each candidate scored by every component."""
         names = list(self.components)
         lexical_scores = self.lexical.scores(query) if self.lexical is not None else None
         tops = []
         for position, kind in enumerate(self.kinds):
-            if kind == "model":
-                row = ids
-            elif kind == "bm25":
+            if kind == "bm25":
                 if lexical_scores is None:  # an index without BM25's titles: the other components' candidates
                     row = np.zeros(0, np.int64)
                 else:
                     row = matching(lexical_scores, depth)
             else:
-                row = self.partner_indexes[position].search(query_vectors[position][None, :], depth)[1][0]
+                row = dense[position][1][q]
             tops.append(row[row >= 0].astype(np.int64))
 
         def score(position: int, candidates: np.ndarray) -> np.ndarray:
@@ -205,9 +203,9 @@ class Retriever:
                 # the re-ranking weight is on the hand-written BM25's scale
                 return self.components[names[position]].score([query] * len(candidates), self._titles(candidates))
             index = self.index if kind == "model" else self.partner_indexes[position]
-            return index.reconstruct_batch(candidates) @ query_vectors[position]
+            return index.reconstruct_batch(candidates) @ dense[position][0][q]
 
-        found, fused = fuse_query(tops, score, self.fusion, k, self.weights, depth)  # depth: k when k is larger
+        found, fused = fuse_query(tops, score, self.fusion, k, self.weights, depth)
         return [Hit(r + 1, self.titles[i], float(s)) for r, (i, s) in enumerate(zip(found, fused, strict=True))]
 
     def _titles(self, ids: np.ndarray) -> list[str]:

@@ -61,7 +61,7 @@ class TwoTowerModel(mlflow.pyfunc.PythonModel):
         from scoring.neural import TwoTowerEmbedder
 
         self.checkpoint_path = Path(context.artifacts["checkpoint"])
-        self.embedder = TwoTowerEmbedder(self.checkpoint_path)
+        self.embedder = TwoTowerEmbedder(self.checkpoint_path, getattr(self, "device", "cpu"))
         self.scorer, self.name, self.kind = self.embedder, self.embedder.system_name, "trained"
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -102,7 +102,7 @@ class HybridModel(TwoTowerModel):
         super().load_context(context)
         self.fusion = json.loads(Path(context.artifacts["fusion"]).read_text())
         files = {f"{key}.pt": Path(path) for key, path in context.artifacts.items() if key.startswith("component-")}
-        loaded = load_components(self.fusion, self.embedder, files)
+        loaded = load_components(self.fusion, self.embedder, files, device=str(self.embedder.device))
         if "model" in loaded:  # a hybrid saved before components: its model under the checkpoint's name
             loaded = {self.name: loaded.pop("model")} | loaded
         self.components = loaded
@@ -122,14 +122,14 @@ class HybridModel(TwoTowerModel):
         return scorer
 
 
-def logged_files(uri: str) -> tuple[dict[str, Path], str]:
-    """A logged pyfunc model's artifact files by name (downloaded) and the run that logged it, read
-    from its MLmodel file as YAML. Its python_model.pkl and code/ are never loaded: anyone who can
+def logged_files(uri: str, dst: Path | None = None) -> tuple[dict[str, Path], str]:
+    """A logged pyfunc model's artifact files by name (downloaded, into `dst` when given) and the run that
+    logged it, read from its MLmodel file as YAML. Its python_model.pkl and code/ are never loaded: anyone who can
     register a version (the stack's MLflow has no authentication) could put code in them."""
     import yaml
 
     try:
-        local = Path(mlflow.artifacts.download_artifacts(uri))
+        local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dst) if dst else None))
     except Exception as e:  # MLflow raises several types for a bad URI or a missing model
         raise DssmError(f"{uri}: cannot download the MLflow model ({type(e).__name__}: {e})") from None
     if not (local / "MLmodel").is_file():  # a directory registered by hand: its files by their names
@@ -147,12 +147,14 @@ def logged_files(uri: str) -> tuple[dict[str, Path], str]:
     return files, str(spec.get("run_id") or "")
 
 
-def model_from_files(files: dict[str, Path], source: str) -> TwoTowerModel:
+def model_from_files(files: dict[str, Path], source: str, device: str = "cpu") -> TwoTowerModel:
     """The pyfunc model rebuilt by this code from its files (checkpoint, fusion, component-I): what
-    `mlflow.pyfunc.load_model` gives, without unpickling anything (checkpoints load weights only)."""
+    `mlflow.pyfunc.load_model` gives, without unpickling anything (checkpoints load weights only); its
+    embedders on `device`."""
     if "checkpoint" not in files or not Path(files["checkpoint"]).is_file():
         raise NotADssmModel(f"{source}: not a dssm two-tower model (no checkpoint among its artifacts)")
     model = HybridModel() if "fusion" in files else TwoTowerModel()
+    model.device = device
     try:
         model.load_context(SimpleNamespace(artifacts={name: str(path) for name, path in files.items()}))
     except (DssmError, OSError, ValueError, KeyError, TypeError) as e:  # a refused checkpoint, a bad fusion.json

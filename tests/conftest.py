@@ -454,3 +454,47 @@ def write_index(out: Path, titles: list[str], dim: int = 8) -> Path:
     (out / "model.json").write_text(json.dumps({"uri": "", "name": "", "version": "", "run_id": ""}) + "\n")
     write_manifest(out, {"stage": "index"})
     return out
+
+
+def hand_built_index(
+    out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None, model: dict | None = None
+) -> Path:
+    """A `dssm index` output written without Spark: the files stages/index/job.py writes (the title
+    tower's vectors in a flat faiss index, the slim checkpoint, a hybrid's fusion.json and bm25/) and
+    the manifest `publish` writes over them."""
+    import json
+
+    import faiss
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.artifacts import write_manifest
+    from modeling.checkpoint import slim_checkpoint
+    from scoring.bm25 import CatalogueBM25
+    from scoring.neural import TwoTowerEmbedder
+    from scoring.retriever import INDEX_FILE
+    from stages.index.config import IndexConfig
+    from stages.index.job import build_faiss
+
+    (out / "embeddings").mkdir(parents=True)
+    (out / "model").mkdir()
+    vectors = TwoTowerEmbedder(checkpoint).embed(titles, "doc")
+    columns = {"title": titles, "embedding": vectors.tolist(), "model_version": ["dssm-tiny/1"] * len(titles)}
+    pq.write_table(pa.table(columns), out / "embeddings" / "part-00000.parquet")
+    faiss.write_index(build_faiss(vectors, IndexConfig(kind="flat"))[0], str(out / INDEX_FILE))
+    slim_checkpoint(checkpoint, out / "model" / "model.pt")
+    if fusion is not None:
+        (out / "model" / "fusion.json").write_text(json.dumps(fusion))
+        CatalogueBM25(titles).save(out / "bm25")
+    model = model or {"uri": "models:/dssm-tiny/1", "name": "dssm-tiny", "version": "1", "run_id": ""}
+    (out / "model.json").write_text(json.dumps(model))
+    write_manifest(out, {"stage": "index", "model": model})
+    return out
+
+
+def tiny_fusion(titles: list[str]) -> dict:
+    """A hybrid's fusion.json: BM25 statistics of the titles, a re-ranking weight and a retrieval fusion."""
+    from scoring.fusion import RetrievalFusion
+    from scoring.lexical import BM25, Collection
+
+    return {"bm25": BM25.fit(Collection(titles)).to_dict(), "weight": 0.3, "retrieval": RetrievalFusion().to_dict()}

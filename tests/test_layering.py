@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first; a package may import packages of lower layers only (docs/architecture.md draws this).
-LAYERS: list[set[str]] = [{"core"}, {"modeling"}, {"scoring"}, {"stages"}, {"flows", "infra"}, {"dssm"}]
+LAYERS: list[set[str]] = [{"core"}, {"modeling"}, {"scoring"}, {"stages", "service"}, {"flows", "infra"}, {"dssm"}]
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
 

@@ -23,7 +23,9 @@ from conftest import (
     TINY_PRODUCTS,
     evaluate_register_gate,
     free_port,
+    hand_built_index,
     http_service,
+    tiny_fusion,
     tiny_model,
     write_index,
     write_judged,
@@ -268,8 +270,13 @@ def test_a_hybrid_fuses_the_union_as_its_retrieval_fusion_says(registered, metho
         fused = alpha / (60 + rank(c)) + (1 - alpha) / (60 + rank(b))
     order = np.argsort(-fused, kind="stable")
     index, _ = build_faiss(vectors, IndexConfig(kind="flat"))
-    hits = Retriever(index, titles, embedder, fusion, lexical=CatalogueBM25(titles)).search([query], 10)[0]
+    retriever = Retriever(index, titles, embedder, fusion, lexical=CatalogueBM25(titles))
+    hits = retriever.search([query], 10)[0]
     np.testing.assert_allclose([h.score for h in hits], fused[order[:10]], atol=1e-5)
+    # the candidates do not depend on k: asking for more (past `depth` too) keeps the top 10, and ends at the union
+    for k in (11, depth + 5, 10_000):
+        more = retriever.search([query], k)[0]
+        assert more[:10] == hits and len(more) == min(k, len(union))
     if method == "zscore":  # (rrf's ranks break the ties of titles that differ in one letter either way)
         at_least = fused[order[9]] - 1e-6  # tied titles: any of them may come first
         assert {h.title for h in hits} <= {titles[union[i]] for i in order if fused[i] >= at_least}
@@ -375,43 +382,6 @@ def test_a_three_scorer_hybrid_ranks_alike_in_evaluation_the_mlflow_model_and_th
         ids = fused(judged_catalogue, scorers, [q.query for q in dev.queries], fusion, 10)
         retrieved = {q.qid: [judged_catalogue.titles[i] for i in row] for q, row in zip(dev.queries, ids, strict=True)}
         assert catalogue_metrics(dev, retrieved, 2.5)["ndcg@10"] == pytest.approx(grid[fusion.label], abs=1e-3)
-
-
-def hand_built_index(out: Path, checkpoint: Path, titles: list[str], fusion: dict | None = None) -> Path:
-    """A `dssm index` output written without Spark: the files stages/index/job.py writes (the title
-    tower's vectors in a flat faiss index, the slim checkpoint, a hybrid's fusion.json and bm25/) and
-    the manifest `publish` writes over them."""
-    import faiss
-
-    from core.artifacts import write_manifest
-    from modeling.checkpoint import slim_checkpoint
-    from scoring.bm25 import CatalogueBM25
-    from scoring.retriever import INDEX_FILE
-    from stages.index.config import IndexConfig
-    from stages.index.job import build_faiss
-
-    (out / "embeddings").mkdir(parents=True)
-    (out / "model").mkdir()
-    vectors = TwoTowerEmbedder(checkpoint).embed(titles, "doc")
-    columns = {"title": titles, "embedding": vectors.tolist(), "model_version": ["dssm-tiny/1"] * len(titles)}
-    pq.write_table(pa.table(columns), out / "embeddings" / "part-00000.parquet")
-    faiss.write_index(build_faiss(vectors, IndexConfig(kind="flat"))[0], str(out / INDEX_FILE))
-    slim_checkpoint(checkpoint, out / "model" / "model.pt")
-    if fusion is not None:
-        (out / "model" / "fusion.json").write_text(json.dumps(fusion))
-        CatalogueBM25(titles).save(out / "bm25")
-    model = {"uri": "models:/dssm-tiny/1", "name": "dssm-tiny", "version": "1", "run_id": ""}
-    (out / "model.json").write_text(json.dumps(model))
-    write_manifest(out, {"stage": "index", "model": model})
-    return out
-
-
-def tiny_fusion(titles: list[str]) -> dict:
-    """A hybrid's fusion.json: BM25 statistics of the titles, a re-ranking weight and a retrieval fusion."""
-    from scoring.fusion import RetrievalFusion
-    from scoring.lexical import BM25, Collection
-
-    return {"bm25": BM25.fit(Collection(titles)).to_dict(), "weight": 0.3, "retrieval": RetrievalFusion().to_dict()}
 
 
 def test_an_index_whose_files_do_not_belong_together_is_refused_naming_the_file(registered, tmp_path):
@@ -696,3 +666,22 @@ def test_bm25_retrieval_from_the_whole_home_depot_catalogue_reproduces_protocols
     reference |= {"judged@10": 23.3, "condensed_ndcg@10": 75.0}
     for metric, value in reference.items():
         assert abs(row["systems"]["bm25"][metric] - value) <= 0.1, metric
+
+
+def test_an_index_task_embeds_on_the_gpu_spark_assigned_it_else_where_torch_sees_one(monkeypatch):
+    """A cluster with task GPU resources (infra/README.md) hands each task a GPU address; without one, "auto"
+    is torch's choice. No GPU exists here: the task context that would name one is the part stood in for."""
+    from types import SimpleNamespace
+
+    import pyspark
+    import torch
+
+    from stages.index.job import executor_device
+
+    assigned = SimpleNamespace(resources=lambda: {"gpu": SimpleNamespace(addresses=["3"])}, cpus=lambda: 1)
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: assigned))
+    assert executor_device("auto") == "cuda:3" and executor_device("cuda") == "cuda:3"
+    assert executor_device("cpu") == "cpu"  # index.device=cpu keeps the CPU even on a GPU executor
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: None))  # local mode: no resources
+    assert executor_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert executor_device("cpu") == "cpu"

@@ -77,3 +77,30 @@ def test_a_transformer_refuses_settings_that_would_wreck_or_ignore_it():
         load_config(overrides=["model.encoder=minilm", "optim.name=nesterov"])
     with pytest.raises(DssmError, match="reads word pieces"):
         load_config(overrides=["model.encoder=minilm", "data.word_dropout=0.1"])
+
+
+def test_the_fast_towers_embed_as_the_float32_model_whatever_the_batch_and_the_gpu_path_runs_on_the_cpu():
+    """modeling/inference.py: the OpenVINO tower (bfloat16 where the CPU has it) and the GPU's torch path (run
+    here on the CPU, in bfloat16) give the float32 torch vectors within bfloat16's rounding, in the callers'
+    order, each text's vector the same alone as in a batch of others of other lengths."""
+    from modeling.encoders import tokenizer_for
+    from modeling.inference import Tower, length_batches
+    from modeling.model import TwoTower
+
+    cfg = load_config(overrides=["model.encoder=minilm", "model.max_tokens=32"])  # the bundled weights
+    model = TwoTower(1, cfg.model).eval()
+    tok = tokenizer_for(cfg.model, None)
+    texts = ["cordless drill", "behr premium textured deckover 1-gal. #sc-141 tugboat wood coating", "angle bracket"]
+    texts += [f"{a} {p} kit" for a in ("white", "steel outdoor heavy duty", "led") for p in ("lamp", "sink faucet")]
+    with torch.no_grad():
+        reference = model.encode_docs(tok.batch(texts)).numpy()
+    lengths, flat = tok.pieces(texts)
+    for runtime in ("openvino", "torch"):
+        tower = Tower(model.doc_encoder, torch.device("cpu"), runtime)
+        vectors = tower(lengths, flat)
+        cos = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
+        assert cos.min() > 0.999, (runtime, cos)
+        alone = np.concatenate([tower(*tok.pieces([t])) for t in texts])
+        np.testing.assert_allclose(alone, vectors, atol=1e-5 if runtime == "openvino" else 1e-2)
+    batches = list(length_batches(np.array([5, 1, 9, 3, 3]), batch=2, tokens=12))
+    assert [b.tolist() for b in batches] == [[1, 3], [4, 0], [2]]  # shortest first; [9] alone: 2 x 9 > 12 tokens

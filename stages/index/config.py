@@ -9,6 +9,7 @@ from core.errors import DssmError
 
 Kind = Literal["auto", "flat", "hnsw"]
 KINDS = get_args(Kind)
+Device = Literal["auto", "cpu", "cuda"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class IndexConfig:
     ef_construction: int = 80  # HNSW candidates kept while building: graph quality against build time
     ef_search: int = 128  # HNSW candidates kept per query search: recall against latency
     rows_per_file: int = 100_000  # rows per embeddings/ Parquet file, about
+    # where the titles are embedded: auto, a GPU where torch sees one (on a cluster with GPU resources: the
+    # GPU Spark assigned the task, infra/README.md), else the CPU
+    device: Device = "auto"
 
 
 def check_config(cfg: IndexConfig) -> None:

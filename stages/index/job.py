@@ -124,11 +124,12 @@ def read_vectors(embeddings: Path, column_name: str = "embedding"):
     return np.concatenate(blocks).astype(np.float32, copy=False)
 
 
-def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
+def shipped_model(spark, model_dir: Path, device: str = "auto", threads: int = 0) -> Callable[[str], Any]:
     """`embedder(component)`: a pandas UDF that embeds a title column with the model files in
     `model_dir` ("" for the model's own tower, else a hybrid's dense component). The directory reaches
     the executors as a tar archive through SparkContext.addFile (a cluster shares no disk), and each
-    Python worker loads it once as data (scoring/serving.model_from_files): no pickled model runs."""
+    Python worker loads it once as data (scoring/serving.model_from_files): no pickled model runs.
+    Each worker embeds on `device` (executor_device) with `threads` CPU threads (0: spark.task.cpus)."""
     import numpy as np
     from pyspark.sql.functions import pandas_udf
 
@@ -144,7 +145,7 @@ def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
         def embed(titles):  # a pandas Series of titles -> their vectors (no hints: a scalar pandas UDF)
             import pandas as pd
 
-            vectors = executor_model(name).embedder_of(component).embed(titles.tolist(), "doc")
+            vectors = executor_model(name, device, threads).embedder_of(component).embed(titles.tolist(), "doc")
             return pd.Series(list(np.asarray(vectors, dtype=np.float32)))
 
         return pandas_udf(embed, "array<float>")
@@ -155,15 +156,37 @@ def shipped_model(spark, model_dir: Path) -> Callable[[str], Any]:
 _EXECUTOR_MODEL: dict[str, Any] = {}  # per Python worker: the archive name -> its model (the last one only)
 
 
-def executor_model(archive_name: str):
-    """The model of a shipped_model archive, unpacked into this worker's Spark files directory (removed
-    with the Spark context) and loaded on first use."""
-    from pyspark import SparkFiles
+def executor_device(device: str) -> str:
+    """Where this Spark task embeds: the GPU Spark assigned it (a cluster with task GPU resources,
+    infra/README.md), else `device` ("auto": cuda where torch sees a GPU, as in local mode)."""
+    from pyspark import TaskContext
 
+    from scoring.neural import resolve_device
+
+    context = TaskContext.get()
+    gpus = context.resources().get("gpu") if context is not None else None
+    if gpus is not None and gpus.addresses and device != "cpu":
+        return f"cuda:{gpus.addresses[0]}"
+    return resolve_device(device)
+
+
+def executor_model(archive_name: str, device: str = "cpu", threads: int = 0):
+    """The model of a shipped_model archive, unpacked into this worker's Spark files directory (removed
+    with the Spark context) and loaded on first use, on `device` (executor_device) with `threads` CPU
+    threads (0: the task's spark.task.cpus): tasks running side by side share the cores, not each all of them."""
+    from pyspark import SparkFiles, TaskContext
+
+    from modeling.inference import THREADS_ENV
     from scoring.serving import model_dir_files, model_from_files
 
     loaded = _EXECUTOR_MODEL.get(archive_name)
     if loaded is None:
+        import torch
+
+        context = TaskContext.get()
+        threads = threads or (context.cpus() if context is not None else 0) or 1
+        os.environ[THREADS_ENV] = str(threads)
+        torch.set_num_threads(threads)
         root = Path(SparkFiles.getRootDirectory())
         target = root / f"{archive_name}.{os.getpid()}"
         if not target.is_dir():  # unpacked whole, then renamed: a failed unpack leaves no partial model
@@ -171,8 +194,21 @@ def executor_model(archive_name: str):
             shutil.unpack_archive(SparkFiles.get(archive_name), partial, "tar")
             os.replace(partial, target)
         _EXECUTOR_MODEL.clear()  # a reused worker keeps one model, not every index's
-        loaded = _EXECUTOR_MODEL[archive_name] = model_from_files(model_dir_files(target), archive_name)
+        files = model_dir_files(target)
+        loaded = _EXECUTOR_MODEL[archive_name] = model_from_files(files, archive_name, executor_device(device))
+        log.info("index: worker %d embeds on %s with %d thread(s)", os.getpid(), loaded.embedder.device, threads)
     return loaded
+
+
+def task_threads(spark, partitions: int) -> int:
+    """CPU threads per embedding task: in local mode the driver's cores shared among the tasks that run at
+    once (one partition: every core); on a cluster 0, the task's own spark.task.cpus."""
+    from core.machine import usable_cpus
+
+    sc = spark.sparkContext
+    if not sc.master.startswith("local"):
+        return 0
+    return max(1, usable_cpus() // max(1, min(partitions, sc.defaultParallelism)))
 
 
 def index(
@@ -212,7 +248,7 @@ def index(
         if rows == 0:
             raise DssmError(f"--titles {titles}: no titles")
         df = stable_layout(df, rows, cfg.rows_per_file, "title")
-        embedder = shipped_model(spark, tmp / "model")
+        embedder = shipped_model(spark, tmp / "model", cfg.device, task_threads(spark, df.rdd.getNumPartitions()))
         extra = [embedder(name)("title").alias(partner_column(p)) for p, name in partners.items()]
         df = df.select(
             "title", embedder("")("title").alias("embedding"), F.lit(model.label).alias("model_version"), *extra
