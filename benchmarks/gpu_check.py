@@ -13,7 +13,11 @@ recorded in OUT/gpu-check.json whatever the others do, and prints their tables l
               NDCG@10 of the transformer alone, PROTOCOL.md §8: the negatives' validation queries); the
               best by dev (ties within TIE points: the earlier) is trained with seeds 2 and 3 too and all
               three are scored on the test queries; seed 1's weights are exported in float16 parts of at
-              most 15 MiB (OUT/minilm-ft.pt.part-*), which `assemble` joins into a checkpoint.
+              most 15 MiB (OUT/minilm-ft.pt.part-*), which `assemble` joins into a checkpoint;
+- index:      the fine-tuned transformer (finetune's seed 1, else a 3-step fine-tune of the bundled weights)
+              embedding the judged set's whole catalogue (Home Depot: 53,474 titles) as the index stage does
+              (`TwoTowerEmbedder(...).embed(titles, "doc")` on the GPU: length-sorted float16 batches): titles/s,
+              and the cosine of its vectors to the float32 towers' on a sample.
 
 It needs only torch, numpy, pyarrow, scipy, transformers and tokenizers (no Spark, MLflow or Java:
 trainings run with mlflow_uri=none): the data stages run elsewhere. `bundle` gathers what it reads
@@ -43,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root (s
 from scripts_common import HOME_DEPOT, ROOT
 
 SEARCH = ROOT / "configs" / "homedepot_search.yaml"
-PHASES = ("env", "smoke", "throughput", "profile", "finetune")
+PHASES = ("env", "smoke", "throughput", "profile", "finetune", "index")
 LSTM_BATCHES = (256, 1024, 4096, 8192)
 MINILM_BATCHES = (256, 512, 1024)
 # the recipe's dev variants, decided before any run: over configs/homedepot_search.yaml's minilm@cuda keys
@@ -280,6 +284,61 @@ def phase_finetune(args: argparse.Namespace, report: dict) -> list[str]:
     lines.append(f"test, seed 1 as exported (float16): NDCG@10 {halves['ndcg@10']:.2f}")
     runs["parts"] = split(exported)
     return lines
+
+
+INDEX_SAMPLE = 1000  # titles whose float16 vectors are compared with the float32 towers'
+
+
+def phase_index(args: argparse.Namespace, report: dict) -> list[str]:
+    import numpy as np
+    import torch
+
+    from core.judgments import resolve_judged_set
+    from modeling.checkpoint import load_model
+    from scoring.catalogue import catalogue_titles
+    from scoring.neural import TwoTowerEmbedder
+    from scripts_common import training_keys
+
+    chosen = (report.get("finetune") or {}).get("chosen")
+    checkpoint = args.out / "finetune" / chosen / "last.pt" if chosen else None
+    if checkpoint is None or not checkpoint.is_file():  # finetune did not run: a 3-step fine-tune will do for speed
+        checkpoint = args.out / "index" / "model" / "last.pt"
+        keys = ["model.encoder=minilm", *training_keys(SEARCH, "minilm", "cuda"), f"device={args.device}"]
+        train_run(args.workdir, checkpoint.parent, [*keys, "max_steps=3", "eval_every=1000", *args.extra])
+    titles = catalogue_titles(resolve_judged_set(args.judgments).pairs())
+    embedder = TwoTowerEmbedder(checkpoint, device=args.device)
+    embedder.embed(titles[:256], "doc")  # the first call allocates and tunes
+    rates = []
+    for _ in range(2):
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        vectors = embedder.embed(titles, "doc")
+        rates.append(len(titles) / (time.perf_counter() - started))
+    model, tokenizer, _ = load_model(checkpoint)  # the float32 towers, as training left them
+    model.to(args.device)
+    sample = titles[:: max(1, len(titles) // INDEX_SAMPLE)][:INDEX_SAMPLE]
+    with torch.no_grad():
+        reference = np.concatenate(
+            [model.encode_docs(tokenizer.batch(sample[i : i + 256]).to(args.device)).float().cpu().numpy()
+             for i in range(0, len(sample), 256)]
+        )  # fmt: skip
+    got = embedder.embed(sample, "doc")
+    cos = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+    row = {
+        "checkpoint": str(checkpoint),
+        "titles": len(titles),
+        "titles_per_s": round(max(rates), 1),
+        "runs": [round(r, 1) for r in rates],
+        "precision": embedder.tower("doc").precision,
+        "cosine_to_float32": {"min": float(cos.min()), "mean": float(cos.mean())},
+        "dim": int(vectors.shape[1]),
+    }
+    report["index"] = row
+    return [
+        f"{len(titles):,} titles embedded at {row['titles_per_s']:,.0f} titles/s on {args.device} ({row['precision']})",
+        f"cosine to the float32 towers over {len(sample)} titles: min {cos.min():.5f}, mean {cos.mean():.6f}",
+    ]
 
 
 def choose(dev: dict[str, float]) -> str:

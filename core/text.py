@@ -18,6 +18,9 @@ WORD_BOUNDARY = "#"
 # length (16,667 copies of one word scored 5407.9); 64 is well past any real query and past the
 # 40 words a model reads by default (model.max_words).
 MAX_QUERY_WORDS = 64
+# The longest query a served model accepts (the pyfunc retriever; `dssm serve`'s serve.max_query_chars by
+# default): a real query is tens of characters, and a megabyte one cost the server its memory.
+MAX_QUERY_CHARS = 1000
 # A trained model reads no further into a text than this (modeling/hashing.py: also at most
 # `model.max_words` words): a served query of any length costs no more than this one.
 MAX_TEXT_CHARS = 8192

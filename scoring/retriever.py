@@ -150,6 +150,10 @@ class Retriever:
             {p.name: p for p in (path / "model").glob("component-*.pt")},
         )
 
+    def warm(self) -> None:
+        """Load what loads lazily (MiniLM's model, a tower's compiled graph) by answering one query."""
+        self.search(["warm up"], 1)
+
     def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
         """The top k titles per query, best first. A hybrid fuses its candidates (each dense
         component's top `depth` from its index, and BM25's top `depth` when it has `lexical`) as

@@ -34,7 +34,7 @@ from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from core.errors import DssmError, NotADssmModel
-from core.text import capped_query, checked_texts
+from core.text import MAX_QUERY_CHARS, capped_query, checked_texts
 from modeling.checkpoint import read_checkpoint, slim_checkpoint
 
 CHAMPION = "champion"
@@ -264,8 +264,12 @@ def read_gate(gate_output: Path) -> list[dict[str, Any]]:
     return json.loads((Path(gate_output) / GATE_FILE).read_text(encoding="utf-8"))
 
 
+MAX_K, MAX_ROWS = 1000, 100_000  # the pyfunc retriever's bounds: titles per query, rows per answer
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
-    """The pyfunc `retriever`: queries in, their top k titles out (params {"k": 10})."""
+    """The pyfunc `retriever`: queries in, their top k titles out (params {"k": 10}); k, each query's length
+    (MAX_QUERY_CHARS) and the rows of one answer are bounded (a 400 from `mlflow models serve`)."""
 
     def load_context(self, context) -> None:
         from scoring.retriever import Retriever
@@ -276,14 +280,22 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         if "query" not in model_input.columns:
             raise MlflowException.invalid_parameter_value("the retriever needs a `query` column")
         k = int((params or {}).get("k", 10))
-        if k < 1:
-            raise MlflowException.invalid_parameter_value(f"k must be at least 1, got {k}")
+        if not 1 <= k <= MAX_K:
+            raise MlflowException.invalid_parameter_value(f"k must be between 1 and {MAX_K}, got {k}")
         try:  # a DssmError would be a 500 from `mlflow models serve`; this is the caller's input: a 400
             queries = checked_texts(model_input["query"].tolist(), "query")
         except DssmError as e:
             raise MlflowException.invalid_parameter_value(str(e)) from None
+        too_long = next((i for i, q in enumerate(queries) if len(q) > MAX_QUERY_CHARS), None)
+        if too_long is not None:
+            raise MlflowException.invalid_parameter_value(
+                f"query {too_long + 1} has {len(queries[too_long]):,} characters; at most {MAX_QUERY_CHARS}"
+            )
+        if len(queries) * k > MAX_ROWS:
+            raise MlflowException.invalid_parameter_value(f"{len(queries)} queries x k={k} rows; at most {MAX_ROWS:,}")
+        # each row names its query as the model read it (capped_query), not as sent: the answer stays small
         rows = [
-            (q, hit.rank, hit.title, hit.score)
+            (capped_query(q), hit.rank, hit.title, hit.score)
             for q, hits in zip(queries, self.retriever.search(queries, k), strict=True)
             for hit in hits
         ]

@@ -27,7 +27,6 @@ from core.errors import DssmError
 from scoring.retriever import Retriever
 
 log = logging.getLogger(__name__)
-WARM_QUERY = "warm up"
 
 
 @dataclass(frozen=True)
@@ -184,7 +183,7 @@ class Champion:
         started = time.perf_counter()
         try:
             retriever, folder = self.source.load(wanted)
-            retriever.search([WARM_QUERY], 1)  # every part loaded before a request meets it
+            retriever.warm()  # every part loaded before a request meets it
         except Exception as e:
             self._failed.add(wanted.key)
             self.error = f"{wanted.label}: {type(e).__name__}: {e}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import DssmError
+from core.text import MAX_QUERY_CHARS
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,7 @@ class ServeConfig:
     port: int = 8765  # TCP port to listen on
     k: int = 10  # titles per query when a request names no k
     max_k: int = 100  # the most titles a request may ask for per query (more: 422)
-    max_query_chars: int = 1000  # the longest query accepted, in characters (longer: 422)
+    max_query_chars: int = MAX_QUERY_CHARS  # the longest query accepted, in characters (longer: 422)
     max_queries: int = 64  # queries one request may send (more: 422)
     max_body_bytes: int = 65536  # the largest request body read (larger: 413)
     max_batch: int = 64  # queries embedded and searched in one model call (concurrent requests share it)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
+from conftest import tiny_model, write_judged
 
 from benchmarks.gpu_check import assemble, choose, split
 from core.errors import DssmError
@@ -22,7 +22,9 @@ def test_the_check_runs_its_phases_on_the_cpu(tiny_data, tmp_path):
     out = tmp_path / "out"
     tiny = ["data.batch_size=16", "model.pretrained=false", "model.ncell=16", "model.transformer_layers=1"]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "run", "--device", "cpu"]
-    cmd += ["--workdir", str(tiny_data), "--out", str(out), "--phases", "env", "smoke", "throughput"]
+    judged = write_judged(tmp_path / "judged.csv")
+    cmd += ["--workdir", str(tiny_data), "--out", str(out), "--phases", "env", "smoke", "throughput", "index"]
+    cmd += ["--judgments", str(judged)]
     cmd += ["--encoders", "lstm", "minilm", "--lstm-batches", "16", "--minilm-batches", "16", "--steps", "6"]
     done = subprocess.run([*cmd, "--extra", *tiny], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -32,6 +34,9 @@ def test_the_check_runs_its_phases_on_the_cpu(tiny_data, tmp_path):
     assert [(r["config"], r["batch"]) for r in report["throughput"]] == [("lstm", 16), ("minilm-all", 16)]
     assert all(r["examples_per_s"] > 0 for r in report["throughput"])
     assert "## throughput" in done.stdout
+    # index: a 3-step fine-tune embeds the judged set's catalogue as the index stage does (here on the CPU)
+    assert report["index"]["titles"] == 55 and report["index"]["titles_per_s"] > 0  # write_judged's distinct titles
+    assert report["index"]["cosine_to_float32"]["min"] > 0.999
 
 
 def test_the_dev_choice_keeps_the_earlier_variant_within_the_tie():

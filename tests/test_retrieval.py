@@ -195,6 +195,10 @@ def test_mlflow_models_serve_answers_scores_and_embeddings_and_rejects_bad_input
         nulls = {"dataframe_split": {"columns": ["query", "title"], "data": [[None, None]]}}  # scored 1.0 before
         status, body = post(f"{base}/invocations", json.dumps(nulls).encode())
         assert status == 400 and "query 1 of 1 is null" in body["message"]
+        for nested in ([{"a": [1, {"b": 2}]}, "steel drill kit"], [["cordless", ["drill"]], "steel drill kit"]):
+            status, body = post(f"{base}/invocations", json.dumps({"dataframe_split": frame["dataframe_split"]
+                                | {"data": [nested]}}).encode())  # fmt: skip
+            assert status == 400, body
 
 
 def test_a_hybrid_saved_without_a_retrieval_fusion_rescores_the_union_as_before(registered):
@@ -627,6 +631,13 @@ def test_faiss_hnsw_finds_the_exact_neighbours_and_auto_picks_by_size():
     brute = np.argsort(-(unit_rows(vectors) @ queries.T).T, axis=1)[:, :10]
     assert (exact == brute).all()
     assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact, approx, strict=True)]) >= 0.95
+    # what the index stage reports of an HNSW index (its own vectors as queries); a flat one is exact
+    from stages.index.job import hnsw_recall
+
+    assert hnsw_recall(vectors, hnsw) >= 0.95
+    assert hnsw_recall(vectors, flat) == 1.0
+    worse, _ = build_faiss(vectors, IndexConfig(kind="hnsw", hnsw_m=2, ef_construction=4, ef_search=4))
+    assert hnsw_recall(vectors, worse) < hnsw_recall(vectors, hnsw)
 
 
 @pytest.mark.integration
@@ -685,3 +696,32 @@ def test_an_index_task_embeds_on_the_gpu_spark_assigned_it_else_where_torch_sees
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: None))  # local mode: no resources
     assert executor_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert executor_device("cpu") == "cpu"
+
+
+def test_the_pyfunc_retriever_bounds_k_query_length_and_rows_and_never_echoes_a_long_query(registered, tmp_path):
+    """What `mlflow models serve` of a retriever calls: a 1 MB query, k=1000 on it, or a nested value is a
+    400 (MlflowException's invalid parameter), never an answer that repeats the query in every row."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from core.tracking import experiment_id
+    from scoring.serving import log_retriever
+
+    titles = catalogue(tmp_path / "titles.parquet")
+    index = hand_built_index(tmp_path / "index", registered["checkpoint"], titles)
+    with mlflow.start_run(experiment_id=experiment_id(f"sqlite:///{tmp_path}/mlflow.db", "retriever")):
+        uri, _ = log_retriever(index, None)
+    loaded = mlflow.pyfunc.load_model(uri)
+    long_query = "cordless   DRILL " + "x" * 900  # under the length bound, read as its words
+    answer = loaded.predict(pd.DataFrame({"query": [long_query]}), params={"k": 3})
+    assert list(answer["rank"]) == [1, 2, 3] and set(answer["query"]) == {"cordless drill " + "x" * 900}
+    bad = [
+        (pd.DataFrame({"query": ["d" * 1001]}), {}, "at most 1000"),
+        (pd.DataFrame({"query": ["drill"]}), {"k": 1001}, "between 1 and 1000"),
+        (pd.DataFrame({"query": ["drill"] * 101}), {"k": 1000}, "rows; at most 100,000"),
+        (pd.DataFrame({"query": [{"nested": ["drill"]}]}), {}, ""),
+    ]
+    for frame, params, says in bad:
+        with pytest.raises(MlflowException, match=says) as raised:
+            loaded.predict(frame, params=params)
+        assert raised.value.error_code == "INVALID_PARAMETER_VALUE"
