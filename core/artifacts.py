@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import DssmError, naming_full_disk
+from core.locks import output_lock
 
 MANIFEST = "manifest.json"
 # The packages whose source makes up the product; tests, docs, benchmarks, reproductions and studies are not.
@@ -282,17 +283,18 @@ def publish(
     out = Path(out)
     chained = lineage(code, upstream or [])
     key = input_key(stage, {k: v.get("sha256") for k, v in inputs.items()}, params, chained)
-    if not force:
-        done = up_to_date(out, key, verify_content)
-        if done is not None:
-            log.info("%s: %s is up to date, nothing to do", stage, out)
-            return done | {"skipped": True}
-    with naming_full_disk(out), atomic_dir(out) as tmp:
-        fields = build(tmp)
-        base = {"stage": stage, "input_key": key, "code_sha256": chained, "inputs": inputs, "params": params}
-        manifest = write_manifest(tmp, {**base, **fields})
-        before_publish(stage, tmp)
-    return manifest | {"skipped": False}
+    with output_lock(out):  # a second writer of `out` fails here, naming this one (core/locks.py)
+        if not force:
+            done = up_to_date(out, key, verify_content)
+            if done is not None:
+                log.info("%s: %s is up to date, nothing to do", stage, out)
+                return done | {"skipped": True}
+        with naming_full_disk(out), atomic_dir(out) as tmp:
+            fields = build(tmp)
+            base = {"stage": stage, "input_key": key, "code_sha256": chained, "inputs": inputs, "params": params}
+            manifest = write_manifest(tmp, {**base, **fields})
+            before_publish(stage, tmp)
+        return manifest | {"skipped": False}
 
 
 def before_publish(stage: str, tmp: Path) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from core.errors import DssmError
 from core.judgments import resolve_judged_set
 from core.layout import Layout
+from core.locks import holding
 from core.stage import RunContext, StageOutput
 from core.stopping import at_deadline, begin, end_now, is_stop, signal_of
 from core.tracking import client as mlflow_client
@@ -42,18 +42,7 @@ from stages.train.stage import default_nproc
 @contextmanager
 def exclusive(work: Path) -> Iterator[None]:
     """Hold WORKDIR/.lock for one run: two runs in one work dir would train into the same checkpoint."""
-    import fcntl
-
-    work.mkdir(parents=True, exist_ok=True)
-    with open(Layout(work).lock, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            raise DssmError(f"{work} is in use by another run ({handle.read().strip() or 'unknown'})") from None
-        handle.truncate(0)
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
+    with holding(Layout(work).lock, str(work), "run"):
         yield
 
 

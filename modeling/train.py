@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from core.artifacts import code_fingerprint, lineage, require_manifest
 from core.errors import DssmError
 from core.layout import Layout
+from core.locks import output_lock
 from core.machine import cpus_per_process
 from core.stopping import is_stop
 from core.tracking import default_tracking_uri
@@ -66,7 +67,9 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
     on_change = on_change or ("resume" if resume else "error")
     d = init_distributed(device_kind(cfg))
     try:
-        summary = _train(cfg, on_change, d)
+        # rank 0 writes the run directory: a second `dssm train` into it fails here, naming this one
+        with output_lock(cfg.out) if d.main else nullcontext():
+            summary = _train(cfg, on_change, d)
         # No rank tears gloo down while another may still be in a collective or logging: CI saw a
         # rank abort at exit ("terminate called without an active exception") after a finished run.
         barrier(d)

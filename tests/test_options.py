@@ -274,13 +274,14 @@ def test_yaml_lists_on_the_command_line():
 
 
 def test_the_docs_key_tables_are_generated_from_the_fields():
-    """The key tables of docs/flows.md, training.md and analysis.md are what `python -m core.options` writes."""
+    """The key tables of docs/flows.md, training.md, analysis.md and retrieval.md are what `python -m core.options`
+    writes."""
     from pathlib import Path
 
     from core.options import render_docs
 
     docs = Path(__file__).resolve().parents[1] / "docs"
-    for page in ("flows.md", "training.md", "analysis.md"):
+    for page in ("flows.md", "training.md", "analysis.md", "retrieval.md"):
         text = (docs / page).read_text()
         assert "<!-- keys: " in text
         assert render_docs(text) == text, f"docs/{page} is stale: run python -m core.options docs/{page}"
