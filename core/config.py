@@ -8,6 +8,7 @@ rebuilt rather than mutated.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import fields
@@ -38,7 +39,9 @@ def _yaml_flow(value: Any) -> Any:
 
 def convert(value: Any, hint: Any, key: str) -> Any:
     """`value` (text from a command line, or what YAML gave) as the type `hint`; lists are YAML flow
-    syntax (`[a, b]`) or comma-separated (`a,b`); a Literal allows its values only."""
+    syntax (`[a, b]`) or comma-separated (`a,b`); a Literal allows its values only; a float is finite."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
     origin = typing.get_origin(hint)
     try:
         if origin is typing.Literal:
@@ -46,7 +49,7 @@ def convert(value: Any, hint: Any, key: str) -> Any:
             kind = type(allowed[0])
             chosen = value if isinstance(value, kind) else convert(value, kind, key)
             if chosen not in allowed:
-                raise DssmError(f"config {key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+                raise DssmError(f"config {key}: {short(value)} is not one of {', '.join(map(str, allowed))}")
             return chosen
         if hint is bool:
             if isinstance(value, bool):
@@ -59,7 +62,10 @@ def convert(value: Any, hint: Any, key: str) -> Any:
         if hint is int:
             return int(str(value).replace("_", ""))
         if hint is float:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(value)
+            return number
         if hint is str:
             return str(value)
         if origin in (tuple, list, dict):
@@ -94,8 +100,8 @@ def convert(value: Any, hint: Any, key: str) -> Any:
             if value is None or str(value).lower() in {"none", "null", ""}:
                 return None
             return convert(value, args[0], key)
-    except (TypeError, ValueError) as e:
-        raise DssmError(f"config {key}: cannot read {value!r} as {getattr(hint, '__name__', hint)}") from e
+    except (TypeError, ValueError):
+        raise DssmError(f"config {key}: cannot read {short(value)} as {getattr(hint, '__name__', hint)}") from None
     raise DssmError(f"config {key}: unsupported type {hint}")
 
 
@@ -107,24 +113,42 @@ SWITCH_TO_SECTION = {"analyze": "skip=[analyze] (--no-analyze); analyze is the a
 
 def apply(obj: T, values: dict[str, Any], prefix: str = "") -> T:
     """A copy of the dataclass `obj` with `values` (a nested dict) applied."""
-    hints = typing.get_type_hints(type(obj))
+    hints = typing.get_type_hints(type(obj), include_extras=True)
     names = {f.name for f in fields(obj)}
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if f"{prefix}{key}" in MOVED:
             raise DssmError(f"config: {prefix}{key} is now {MOVED[f'{prefix}{key}']}")
         if key not in names:
-            raise DssmError(f"config: unknown key {prefix}{key!s} (known: {', '.join(sorted(names))})")
+            raise DssmError(f"config: unknown key {prefix}{str(key)[:60]} (known: {', '.join(sorted(names))})")
         current = changes.get(key, getattr(obj, key))
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 if f"{prefix}{key}" in SWITCH_TO_SECTION and isinstance(value, bool | str):
                     raise DssmError(f"config: {prefix}{key}={value} is now {SWITCH_TO_SECTION[f'{prefix}{key}']}")
-                raise DssmError(f"config {prefix}{key}: expected a section, got {value!r}")
+                raise DssmError(f"config {prefix}{key}: expected a section, got {short(value)}")
             changes[key] = apply(current, value, f"{prefix}{key}.")
         else:
-            changes[key] = convert(value, hints[key], prefix + key)
+            changes[key] = within(convert(value, hints[key], prefix + key), hints[key], prefix + key)
     return dataclasses.replace(obj, **changes) if changes else obj
+
+
+@dataclasses.dataclass(frozen=True)
+class Between:
+    """A number field's range, as `Annotated[int, Between(1, 10_000)]`: a value outside it is refused when
+    the config is read (a YAML file, KEY=VALUE, a flag), before any stage runs on it."""
+
+    low: float
+    high: float
+
+
+def within(value: Any, hint: Any, key: str) -> Any:
+    """`value` when the field's `Between` (if any) admits it, else a DssmError naming the key and the range."""
+    for rule in typing.get_args(hint)[1:] if typing.get_origin(hint) is typing.Annotated else ():
+        if isinstance(rule, Between) and isinstance(value, int | float) and not rule.low <= value <= rule.high:
+            low, high = (f"{int(b):,}" if float(b).is_integer() else f"{b:g}" for b in (rule.low, rule.high))
+            raise DssmError(f"config {key}: {short(value)} is outside {low}..{high}")
+    return value
 
 
 def field_values(obj: Any, cls: type) -> dict[str, Any]:
@@ -142,14 +166,14 @@ def check_choices(cfg: Any, prefix: str = "") -> None:
             check_choices(value, f"{prefix}{f.name}.")
         elif typing.get_origin(hints[f.name]) is typing.Literal and value not in typing.get_args(hints[f.name]):
             allowed = ", ".join(map(str, typing.get_args(hints[f.name])))
-            raise DssmError(f"{prefix}{f.name} must be one of {allowed}, not {value!r}")
+            raise DssmError(f"{prefix}{f.name} must be one of {allowed}, not {short(value)}")
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`["optim.lr=0.1", "epochs=3"]` -> nested dict."""
     for pair in pairs:
         if "=" not in pair:
-            raise DssmError(f"override {pair!r}: expected key=value, e.g. optim.lr=0.05")
+            raise DssmError(f"override {short(pair)}: expected key=value, e.g. optim.lr=0.05")
     return nest({key.strip(): value for key, value in (pair.split("=", 1) for pair in pairs)})
 
 
@@ -167,13 +191,39 @@ def nest(flat_values: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that a mapping repeats (plain YAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DssmError(f"key {short(key)} appears twice in one section (lines {seen[key]} and {line})")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: an error names a value without printing all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not Path(path).exists():
         raise DssmError(f"config file {path} does not exist")
     try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DssmError(f"config file {path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeys) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         raise DssmError(f"config file {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except DssmError as e:
+        raise DssmError(f"config file {path}: {e}") from None
     if not isinstance(loaded, dict):
         raise DssmError(f"config file {path}: expected a mapping at the top level")
     return loaded

@@ -92,10 +92,61 @@ def open_store(tracking_uri: str) -> None:
     with _ready_guard, store_lock(tracking_uri):
         if tracking_uri in _ready:
             return
-        client = mlflow.MlflowClient(tracking_uri)
-        client.search_experiments(max_results=1)  # the tracking store: its migrations, experiment 0
-        client.search_registered_models(max_results=1)  # the registry store checks the same schema
+        path = sqlite_path(tracking_uri)
+        for stale in path.parent.glob(f"{path.name}.creating-*"):  # a creation stopped part-way (we hold the lock)
+            stale.unlink(missing_ok=True)
+        if not path.exists() or _half_made(path):
+            _create_store(path)
+        _migrate(mlflow, tracking_uri)
         _ready.add(tracking_uri)
+
+
+def _migrate(mlflow, tracking_uri: str) -> None:
+    client = mlflow.MlflowClient(tracking_uri)
+    client.search_experiments(max_results=1)  # the tracking store: its migrations, experiment 0
+    client.search_registered_models(max_results=1)  # the registry store checks the same schema
+
+
+def _create_store(path: Path) -> None:
+    """A new sqlite store's schema made in a file beside it, then renamed into place: a command stopped while
+    MLflow creates the tables (seconds of migrations) leaves a temp file, never a half-made store that every
+    later command fails on ("table scorers already exists")."""
+    import uuid
+
+    import mlflow
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.creating-{uuid.uuid4().hex[:12]}")
+    try:
+        _migrate(mlflow, SQLITE + str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _half_made(path: Path) -> bool:
+    """Whether `path` is a store whose creation was stopped part-way (before stores were created aside): its
+    schema short of MLflow's latest migration and no run in it. One that holds runs is never replaced (an
+    older MLflow's store: MLflow's own error says to upgrade it)."""
+    import logging
+    import sqlite3
+    from contextlib import closing
+
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            has = tables.__contains__
+            version = db.execute("SELECT version_num FROM alembic_version").fetchall() if has("alembic_version") else []
+            runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if has("runs") else 0
+    except sqlite3.Error:  # not a database at all: MLflow names it
+        return False
+    if runs or version == [(_get_latest_schema_revision(),)]:
+        return False
+    if tables:
+        logging.getLogger(__name__).warning("%s: half created by a command that was stopped; created again", path)
+    return True
 
 
 def client(tracking_uri: str) -> mlflow.MlflowClient:

@@ -11,9 +11,9 @@ import math
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from core.config import check_choices, field_values, flat, load
+from core.config import Between, check_choices, field_values, flat, load
 from core.errors import DssmError
 from modeling.model_config import ModelConfig
 
@@ -58,8 +58,10 @@ OBJECTIVES = typing.get_args(typing.get_type_hints(LossConfig)["objective"])
 
 @dataclass
 class DataSettings:
-    batch_size: int = 256  # global examples per step, split evenly over ranks and shards
-    shuffle_buffer: int = 16_384  # rows per shard shuffled together (shards are written sorted by query)
+    # global examples per step, split evenly over ranks and shards
+    batch_size: Annotated[int, Between(1, 10_000_000)] = 256
+    # rows per shard shuffled together (shards are written sorted by query)
+    shuffle_buffer: Annotated[int, Between(1, 100_000_000)] = 16_384
     word_dropout: float = 0.0  # Wieting & Gimpel: drop each word with this probability (train only)
     scramble: float = 0.0  # Wieting & Gimpel: with this probability, shuffle the word order of a row's texts
     max_valid_rows: int = 20_000  # validation rows scored (the first rows of valid/)
@@ -82,7 +84,7 @@ class TrainSettings:
     """The recipe: what a run learns and how. The retrain flow's `train` section embeds exactly this;
     TrainConfig adds where one run reads and writes, which the flow fills in for each model."""
 
-    epochs: int = 5  # passes over the training rows
+    epochs: Annotated[int, Between(1, 100_000)] = 5  # passes over the training rows
     max_steps: int = 0  # stop after this many updates (0: run all epochs)
     seed: int = 1  # initial weights, batch order, dropout
     log_every: int = 20  # training loss and throughput to MLflow every K steps

@@ -23,7 +23,7 @@ class ServeConfig:
     batch_wait_ms: float = 1.0
     max_queue: int = 512  # queries waiting for the model; a request that would pass it gets 503 at once
     poll_seconds: float = 5.0  # how often the registry is asked whether the champion moved (0: never)
-    threads: int = 0  # torch, faiss and ONNX Runtime threads of the model call; 0: the cores this process may use
+    threads: int = 0  # torch, faiss and OpenVINO threads of the model call; 0: the cores this process may use
     log_every: float = 60.0  # seconds between the log lines of requests, latency and batches (0: none)
 
 

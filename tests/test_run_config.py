@@ -240,3 +240,37 @@ def test_a_retrieval_gate_turns_the_evaluations_retrieval_on():
 
     assert load_run_config(None, ["evaluate.retrieval=false"]).evaluate.retrieval is True  # the gate's default metric
     assert load_run_config(None, ["evaluate.retrieval=false", "gate.metric=ndcg@10"]).evaluate.retrieval is False
+
+
+def test_a_run_config_is_checked_whole_before_any_stage_with_short_errors(tmp_path):
+    """Issue 74's config probe: a key twice in a section is refused (YAML keeps the last, silently); an
+    absurd number is refused when the config is read, naming its range (it used to fail after simulate and
+    clean ran, or write 22,799 empty shard files); an error shows a value's start, not 91 million
+    characters of it; a file that is not UTF-8 is named."""
+    from core.errors import DssmError
+    from flows.config import load_run_config
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("negatives:\n  shards: 4\n  seed: 7\n  shards: 8\n")
+    with pytest.raises(DssmError, match=r"twice.yaml: key 'shards' appears twice in one section \(lines 2 and 4\)"):
+        load_run_config(twice)
+    for key, value, what in [
+        ("simulate.shards", "1000000", "0..4,096"),
+        ("negatives.shards", "0", "1..4,096"),
+        ("train.model.ncell", "100000000", "1..8,192"),
+        ("train.data.batch_size", "0", "1..10,000,000"),
+        ("negatives.valid_fraction", "1.5", "0..0.9"),
+    ]:
+        with pytest.raises(DssmError, match=rf"config {key}: \d+(\.\d+)? is outside {what}"):
+            load_run_config(None, [f"{key}={value}"])
+    with pytest.raises(DssmError, match="cannot read 'nan' as float"):
+        load_run_config(None, ["train.optim.lr=nan"])
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("simulate:\n  shards: [" + ", ".join(["1"] * 200_000) + "]\n")
+    with pytest.raises(DssmError) as raised:
+        load_run_config(huge)
+    assert len(str(raised.value)) < 300 and "characters)" in str(raised.value)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("judgments:\n  path: caf\xe9.csv\n".encode("latin-1"))
+    with pytest.raises(DssmError, match=r"latin.yaml: not UTF-8 text \(byte 22: invalid continuation byte\)"):
+        load_run_config(latin)

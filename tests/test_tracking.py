@@ -157,3 +157,53 @@ def test_a_rerun_with_nothing_to_do_drops_the_empty_parent_it_continued(tmp_path
     kept, _ = open_parent(uri, "runs", work, "fr-3", "flow-3", {})  # one with a run under it stays
     client(uri).create_run(client(uri).get_run(kept).info.experiment_id, tags={"mlflow.parentRunId": kept})
     assert drop_if_empty(uri, kept) is True
+
+
+CREATE = "import sys; from core.tracking import open_store; open_store(sys.argv[1])"
+
+
+def test_a_command_stopped_while_it_creates_a_store_leaves_none_that_later_commands_fail_on(tmp_path):
+    """A store is created beside its path and renamed into place: a creator killed as soon as its database file
+    has tables (mid-migration, where a stop used to leave "table scorers already exists" for every later
+    command) leaves only a temp file, which the next opening removes; a store half made that way before this
+    (tables, no finished migration, no run) is created again."""
+    import shutil
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    from contextlib import closing
+
+    import mlflow
+
+    from core.tracking import open_store
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "mlflow.db"
+    proc = subprocess.Popen([sys.executable, "-c", CREATE, f"sqlite:///{path}"], cwd=root)
+    deadline, half = time.monotonic() + 120, None
+    while time.monotonic() < deadline and proc.poll() is None and half is None:
+        for made in tmp_path.glob("mlflow.db.creating-*"):
+            if made.name.endswith("-journal"):
+                continue
+            try:
+                with closing(sqlite3.connect(f"file:{made}?mode=ro", uri=True)) as db:
+                    tables = db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if tables >= 5:  # mid-migration: some of MLflow's tables made, not all
+                proc.send_signal(signal.SIGKILL)
+                half = made
+        time.sleep(0.002)
+    proc.wait()
+    assert half is not None and not path.exists()  # what was killed was the file beside it
+    kept = tmp_path / "half.db"
+    shutil.copy(half, kept)  # a half-made store, as one made in place before stores were made aside
+    uri = f"sqlite:///{path}"
+    open_store(uri)
+    assert not list(tmp_path.glob("mlflow.db.creating-*"))  # the next opening removed the stopped one's file
+    mlflow.MlflowClient(uri).create_experiment("after")
+    repaired = f"sqlite:///{kept}"
+    open_store(repaired)
+    assert mlflow.MlflowClient(repaired).create_experiment("repaired")

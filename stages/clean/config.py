@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from core.config import Between
 
 
 @dataclass(frozen=True)
@@ -12,7 +14,7 @@ class CleanConfig:
     bot_min_impressions: int = 10  # ... or with at least this many impressions
     bot_min_click_rate: float = 0.8  # ... clicking at least this share of shown results
     max_malformed_rate: float = 0.5  # refuse input with a larger share of malformed lines
-    rows_per_file: int = 1_000_000  # rows per output Parquet file, about
+    rows_per_file: Annotated[int, Between(1_000, 1_000_000_000)] = 1_000_000  # rows per output Parquet file, about
     # write impressions/ (what `dssm propensity` and `negatives --skip-above` read); --no-impressions: a
     # faster clean (the kept lines are still read, to count the pairs, but not written)
     impressions: bool = True

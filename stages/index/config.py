@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
+from core.config import Between
 from core.errors import DssmError
 
 Kind = Literal["auto", "flat", "hnsw"]
@@ -16,11 +17,13 @@ Device = Literal["auto", "cpu", "cuda"]
 class IndexConfig:
     kind: Kind = "auto"  # flat (exact), hnsw (graph ANN) or auto: flat up to flat_max titles, else hnsw
     # auto's limit for flat: an exact search of 200k 96-d vectors is ~10 ms per query on one core
-    flat_max: int = 200_000
-    hnsw_m: int = 32  # HNSW graph degree: recall and memory grow with it
-    ef_construction: int = 80  # HNSW candidates kept while building: graph quality against build time
-    ef_search: int = 128  # HNSW candidates kept per query search: recall against latency
-    rows_per_file: int = 100_000  # rows per embeddings/ Parquet file, about
+    flat_max: Annotated[int, Between(0, 100_000_000)] = 200_000
+    hnsw_m: Annotated[int, Between(2, 512)] = 32  # HNSW graph degree: recall and memory grow with it
+    # HNSW candidates kept while building: graph quality against build time
+    ef_construction: Annotated[int, Between(1, 100_000)] = 80
+    # HNSW candidates kept per query search: recall against latency
+    ef_search: Annotated[int, Between(1, 100_000)] = 128
+    rows_per_file: Annotated[int, Between(1_000, 100_000_000)] = 100_000  # rows per embeddings/ Parquet file, about
     # where the titles are embedded: auto, a GPU where torch sees one (on a cluster with GPU resources: the
     # GPU Spark assigned the task, infra/README.md), else the CPU
     device: Device = "auto"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
+from core.config import Between
 from core.errors import DssmError
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -28,8 +29,8 @@ class ClickModel:
     # which brands `promotion` lifts: a hashed quarter of the first words, unrelated to relevance, or
     # the weakest brands (lowest mean label, a quarter of the titles: learning the promotion costs relevance)
     promoted_brands: PromotedBrands = "hashed"
-    page_size: int = 10  # results shown per impression
-    filler: int = 2  # random unjudged titles (relevance 0) mixed into each candidate list
+    page_size: Annotated[int, Between(1, 1_000)] = 10  # results shown per impression
+    filler: Annotated[int, Between(0, 1_000)] = 2  # random unjudged titles (relevance 0) mixed into each candidate list
     eta: float = 1.0  # examination at rank r is r**-eta
     attract_min: float = 0.05  # click probability of an examined, irrelevant title
     attract_max: float = 0.85  # click probability of an examined title of the top label
@@ -58,10 +59,10 @@ class DirtRates:
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    impressions: int = 100_000  # impressions to simulate, e.g. 10_000_000
+    impressions: Annotated[int, Between(1, 10_000_000_000)] = 100_000  # impressions to simulate, e.g. 10_000_000
     seed: int = 13  # random seed
-    shards: int = 0  # output files; 0: one per 250k impressions
-    workers: int = 0  # parallel processes; 0: as many as CPUs (at most the shards)
+    shards: Annotated[int, Between(0, 4_096)] = 0  # output files; 0: one per 250k impressions
+    workers: Annotated[int, Between(0, 1_024)] = 0  # parallel processes; 0: as many as CPUs (at most the shards)
     gzip: bool = True  # gzip the logs (--no-gzip: plain .jsonl)
     # 1: results carry titles; 2: doc ids, titles in OUT/catalogue.parquet (docs/raw-log-format.md)
     log_format: Literal[1, 2] = 1

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from core.config import Between
 
 
 @dataclass(frozen=True)
 class VocabConfig:
     min_count: int = 2  # trigrams seen fewer times are <unk>
-    max_size: int = 50_000  # trigram ids, <unk> included
+    max_size: Annotated[int, Between(2, 100_000_000)] = 50_000  # trigram ids, <unk> included
     word_min_count: int = 2  # words seen fewer times are <unk>
-    word_max_size: int = 100_000  # word ids, <unk> included
+    word_max_size: Annotated[int, Between(2, 100_000_000)] = 100_000  # word ids, <unk> included
