@@ -41,10 +41,25 @@ class StageFailed(DssmError):
 
 def no_space(path: str | Path, detail: str = "", quota: bool = False) -> DssmError:
     """The error for a write to `path` that found its file system full: the OS's own message names
-    no path, and a stage writes to several places (its output, a temp dir, Spark's scratch)."""
+    no path, and a stage writes to several places (its output, a temp dir, Spark's scratch). It says
+    how much space is left where `path` is."""
     what = "disk quota exceeded" if quota else "no space left on device"
-    detail = f" ({detail})" if detail else ""
+    notes = [n for n in (detail, free_space(path)) if n]
+    detail = f" ({'; '.join(notes)})" if notes else ""
     return DssmError(f"{what} writing {path}{detail}; free some space there or write elsewhere")
+
+
+def free_space(path: str | Path) -> str:
+    """"N MB free" on the file system of `path` (its nearest existing ancestor), or "" when unknown."""
+    import shutil
+
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return f"{shutil.disk_usage(where).free / 1e6:,.1f} MB free"
+    except OSError:
+        return ""
 
 
 @contextmanager
@@ -55,4 +70,4 @@ def naming_full_disk(path: str | Path) -> Iterator[None]:
     except OSError as e:
         if e.errno not in NO_SPACE:
             raise
-        raise no_space(path, f"at {e.filename}" if e.filename else "", e.errno == errno.EDQUOT) from None
+        raise no_space(path, "", e.errno == errno.EDQUOT) from None

@@ -8,6 +8,7 @@ server or an index directory, and a full unpickle would run whatever code it nam
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import pickle
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.errors import DssmError
+from core.errors import DssmError, naming_full_disk
 from modeling.config import TrainConfig, load_config
 from modeling.encoders import tokenizer_for
 from modeling.hashing import Tokenizer, Vocab
@@ -35,12 +36,19 @@ def save_checkpoint(out: Path, state: dict[str, Any], step: int, keep: int) -> P
     tmp = out / f".{path.name}.tmp"
     for stale in out.glob(".step-*.pt.tmp"):  # a process killed mid-write (SIGKILL) left it
         stale.unlink(missing_ok=True)
+    # serialised in memory, then written by plain file I/O: a full disk is then an OSError (ENOSPC) that
+    # names nothing, made one line naming the run directory and its free space, not torch's
+    # "[enforce fail at inline_container.cc] unexpected pos"
+    buffer = io.BytesIO()
+    torch.save(plain_state(state), buffer)
     try:
-        torch.save(plain_state(state), tmp)
-    except BaseException:  # a stop (SIGTERM, ^C) mid-write: no half-written file left behind
+        with naming_full_disk(out):
+            with open(tmp, "wb") as f:
+                f.write(buffer.getbuffer())
+            os.replace(tmp, path)  # a reader never sees a half-written checkpoint
+    except BaseException:  # a stop (SIGTERM, ^C) or a full disk mid-write: no half-written file left behind
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)  # a reader never sees a half-written checkpoint
     last_tmp = out / f".{LAST}.tmp"
     if last_tmp.exists():
         last_tmp.unlink()

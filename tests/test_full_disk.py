@@ -40,7 +40,7 @@ def test_a_stage_write_on_a_full_disk_names_the_output(tmp_path):
         return {}
 
     out = tmp_path / "out"
-    with pytest.raises(DssmError, match=rf"^no space left on device writing {re.escape(str(out))}; free some space"):
+    with pytest.raises(DssmError, match=rf"^no space left on device writing {re.escape(str(out))} \([\d,.]+ MB free\); free"):
         publish(out, "simulate", "code", {}, {}, build)
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
 
@@ -102,3 +102,23 @@ def test_simulate_and_clean_on_a_full_file_system_name_the_output(default_pairs,
         last = done.stderr.strip().splitlines()[-1]
         assert done.returncode == 2, done.stderr[-3000:]
         assert last.startswith(f"dssm {name}: error: no space left on device writing {full}/{name}"), last
+
+
+@pytest.mark.integration
+def test_training_on_a_full_file_system_says_so_in_one_line_and_leaves_no_half_checkpoint(tiny_data, tmp_path):
+    """torch's own message was "[enforce fail at inline_container.cc:672] unexpected pos 64 vs 0", naming
+    neither the disk nor the file. The run directory is a 16 KiB tmpfs: the first checkpoint does not fit."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if not _can_mount_tmpfs(full):
+        pytest.skip("no user namespace to mount a small tmpfs in (unshare -rm)")
+    keys = [f"data.negatives={tiny_data}/negatives", f"data.vocab={tiny_data}/vocab", f"out={full}/run"]
+    keys += ["mlflow_uri=none", "max_steps=3", "data.batch_size=16", "model.ncell=64"]
+    cli = " ".join([sys.executable, "-m", "dssm.cli", "train", *keys])
+    script = f"mount -t tmpfs -o size=16k tmpfs {full} && {cli}; echo rc=$?; ls -A {full} {full}/run"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    last = [line for line in done.stderr.strip().splitlines() if line.startswith("dssm train:")][-1]
+    assert "rc=2" in done.stdout, done.stderr[-3000:]
+    assert re.match(rf"dssm train: error: no space left on device writing {full}/run \([\d.]+ MB free\)", last), last
+    left = done.stdout.split("rc=2", 1)[1].split()
+    assert not [f for f in left if f.endswith((".tmp", ".pt"))], left  # no half-written or partial checkpoint
