@@ -25,6 +25,7 @@ from typing import Any
 
 from core.errors import DssmError
 from infra import database as db
+from infra.spark_ui import daemon_env
 
 STATE = "stack.json"
 
@@ -124,10 +125,12 @@ def _commands(cfg: StackConfig) -> dict[str, tuple[list[str], dict[str, str]]]:
     stores = db.service_urls(cfg.database) if cfg.database else {}
     backend = stores.get("mlflow", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}")
     spark_env = {
-        "SPARK_LOCAL_IP": cfg.host,
+        "SPARK_LOCAL_IP": cfg.host,  # every port, the UIs' too, on that address only
         "SPARK_WORKER_DIR": str(root / "spark" / "work"),
         "SPARK_LOG_DIR": str(root / "logs"),
         "PYSPARK_PYTHON": sys.executable,  # executors run the project's parser: the same interpreter
+        # the UIs answer the stack's own host names only, as MLflow and Prefect do (infra/spark_ui.py)
+        **daemon_env(root, list(dict.fromkeys([cfg.host, "localhost"]))),
     }
     mlflow_hosts, mlflow_origins = own_origins(cfg.host, cfg.mlflow_port)
     prefect_env = {"PREFECT_HOME": str(root / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -284,8 +287,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the process group `pgid` (a service's session: the recorded pid and its
+    children, such as MLflow's uvicorn) is still running; our own exited leader is reaped first."""
+    _alive(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def down(root: Path, progress: Callable[[str], None] = print, grace: float = 20) -> list[str]:
-    """Stop the stack's services (SIGTERM to each process group, SIGKILL after `grace` seconds)."""
+    """Stop the stack's services: SIGTERM to each one's whole process group (its recorded process may be
+    gone while a child still serves), SIGKILL after `grace` seconds; then check their ports are free."""
     state = read_state(root)
     if state is None:
         progress(f"no stack recorded in {root}")
@@ -293,31 +310,37 @@ def down(root: Path, progress: Callable[[str], None] = print, grace: float = 20)
     stopped = []
     for name, info in reversed(list(state["services"].items())):
         pid, started, how = info["pid"], time.monotonic(), ""
-        if _alive(pid):
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(pid, sig)
-                except ProcessLookupError:
-                    break
-                end = time.monotonic() + wait
-                while _alive(pid) and time.monotonic() < end:
-                    time.sleep(0.2)
-                how = f" by {sig.name} in {time.monotonic() - started:.1f} s"
-                if not _alive(pid):
-                    break
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+            if not _group_alive(pid):
+                break
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while _group_alive(pid) and time.monotonic() < end:
+                time.sleep(0.2)
+            how = f" by {sig.name} in {time.monotonic() - started:.1f} s"
         stopped.append(name)
         progress(f"stopped {name}{how}")
+    config = state.get("config", {})
+    keys = ("prefect_port", "mlflow_port", "spark_port", "spark_ui_port")
+    ports = {k.removesuffix("_port"): config.get(k) for k in keys}
+    held = [f"{k} {p}" for k, p in ports.items() if p and not _free(config.get("host", "127.0.0.1"), int(p))]
     (Path(root) / STATE).unlink()
+    if held:
+        raise DssmError(f"stack down: port(s) still in use after stopping every service: {', '.join(held)}")
     return stopped
 
 
 def status(root: Path) -> dict[str, bool]:
-    """Each recorded service: does its health check pass?"""
+    """Each recorded service: is its recorded process alive, and does its health check pass? A service whose
+    process died is down even if a child of it still answers (it would outlive the next `down`)."""
     state = read_state(root)
     if state is None:
         return {}
     checks = health_checks(state["urls"])
-    return {name: _ok(checks[name]) for name in state["services"]}
+    return {name: _alive(info["pid"]) and _ok(checks[name]) for name, info in state["services"].items()}
 
 
 def add_arguments(p) -> None:

@@ -228,7 +228,8 @@ def load_or_build(negatives: Path, negatives_sha256: str, tokenizer, n: int) -> 
     """The negatives tokenised by `tokenizer`: from the cache when it holds them, else built and cached.
     A directory that cannot be written is no error: the arrays are then built for this run alone."""
     folder = tokens_dir(negatives)
-    path = folder / f"{cache_key(negatives_sha256, tokenizer, n)[:32]}.npz"
+    key = cache_key(negatives_sha256, tokenizer, n)
+    path = folder / f"{key[:32]}.npz"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / ".lock", "a")  # noqa: SIM115 (held until the cache is read or written)
@@ -239,14 +240,14 @@ def load_or_build(negatives: Path, negatives_sha256: str, tokenizer, n: int) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             try:
-                found = read(path)
+                found = read(path, key)
                 os.utime(path)  # the newest used stays when older ones are trimmed
                 return found
             except Exception as e:  # truncated, not a zip, a field missing, an object array: never trusted
                 log.warning("%s: unreadable token cache (%s: %s); rebuilding it", path, type(e).__name__, e)
         tokenised = build(Path(negatives), tokenizer, n)
         try:
-            write(tokenised, path)
+            write(tokenised, path, key)
             _trim(folder)
         except OSError as e:
             log.warning("%s: could not write the token cache (%s); tokenised for this run only", path, e)
@@ -264,10 +265,25 @@ def _arrays(prefix: str, obj: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def write(tokenised: Tokenised, path: Path) -> None:
+DIGEST = "digest"  # in a cache file: the keyed digest of its arrays (`digest`)
+
+
+def digest(arrays: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """blake2b of every array (name, dtype, shape, bytes), keyed by the cache key: a file damaged, edited
+    (rows permuted, ids changed) or made for other negatives or another tokenizer does not match it."""
+    h = hashlib.blake2b(key=key.encode()[:64], digest_size=32)
+    for name in sorted(k for k in arrays if k != DIGEST):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return np.frombuffer(h.digest(), np.uint8)
+
+
+def write(tokenised: Tokenised, path: Path, key: str) -> None:
     arrays = (
         _arrays("texts.", tokenised.texts) | _arrays("train.", tokenised.train) | _arrays("valid.", tokenised.valid)
     )
+    arrays[DIGEST] = digest(arrays, key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as handle:
         np.savez(handle, **arrays)
@@ -288,9 +304,12 @@ def _object(cls, prefix: str, arrays) -> Any:
     return cls(**values)
 
 
-def read(path: Path) -> Tokenised:
+def read(path: Path, key: str) -> Tokenised:
+    """A cache file, refused (ValueError) unless its arrays match the digest written with them under `key`."""
     with np.load(path, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
+    if DIGEST not in arrays or not np.array_equal(arrays[DIGEST], digest(arrays, key)):
+        raise ValueError("its arrays do not match their digest (damaged, edited, or another negatives' tokens)")
     return Tokenised(
         _object(Texts, "texts.", arrays), _object(Rows, "train.", arrays), _object(Rows, "valid.", arrays), path
     )

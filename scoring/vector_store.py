@@ -75,6 +75,8 @@ class VectorStore:
                 if vectors.ndim != 2 or len(vectors) != len(keys) or (width is not None and vectors.shape[1] != width):
                     raise ValueError(f"{len(keys)} keys do not match vectors of shape {vectors.shape}")
                 taken = np.asarray(vectors[[i for i, _ in rows]], dtype=np.float32)
+                if not np.isfinite(taken).all():  # a damaged shard of the right shape: NaN or inf vectors
+                    raise ValueError("vectors that are not finite")
             except (OSError, ValueError, EOFError, TypeError) as e:
                 log.warning("vector cache shard %s unreadable (%s); its texts are embedded again", keys_file, e)
                 continue

@@ -40,7 +40,8 @@ def test_a_stage_write_on_a_full_disk_names_the_output(tmp_path):
         return {}
 
     out = tmp_path / "out"
-    with pytest.raises(DssmError, match=rf"^no space left on device writing {re.escape(str(out))} \([\d,.]+ MB free\); free"):
+    said = rf"^no space left on device writing {re.escape(str(out))} \([\d,.]+ MB free\); free"
+    with pytest.raises(DssmError, match=said):
         publish(out, "simulate", "code", {}, {}, build)
     assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
 

@@ -312,14 +312,21 @@ def test_a_cluster_that_lost_its_workers_fails_a_job_within_the_bound_and_the_st
     assert proc.returncode == 2 and "has had no executors for 5s" in proc.stderr, proc.stderr[-2000:]
     assert time.monotonic() - started < 120 and not (tmp / "lost").exists()
 
+    # MLflow's recorded process killed: its uvicorn child still answers, but the service is down, and `down`
+    # ends the child with its group and leaves the port free
+    os.kill(state["services"]["mlflow"]["pid"], signal.SIGKILL)
+    time.sleep(1)
+    assert urllib.request.urlopen(f"{state['urls']['mlflow']}/health", timeout=10).status == 200  # the orphan
+    assert stack.status(cfg.root)["mlflow"] is False and stack.status(cfg.root)["prefect"] is True
     said_down: list[str] = []
     stopped = stack.down(cfg.root, progress=said_down.append)
     assert sorted(stopped) == ["mlflow", "prefect", "spark-master", "spark-worker"]
     seconds = [float(line.split(" by SIGTERM in ")[1].split()[0]) for line in said_down if " by SIGTERM in " in line]
     assert len(seconds) == 3 and max(seconds) < 10, said_down
     assert stack.status(cfg.root) == {}
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", cfg.prefect_port)) != 0
+    for port in (cfg.prefect_port, cfg.mlflow_port):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 @contextmanager
@@ -451,6 +458,15 @@ def assert_no_other_origin_or_host(cfg: stack.StackConfig) -> None:
     own = f"http://127.0.0.1:{cfg.mlflow_port}"
     status, headers, _ = request(f"{mlflow}/search?max_results=1", headers={"Origin": own})
     assert (status, headers.get(ACAO)) == (200, own)
+
+    # the Spark master's and worker's UIs (infra/spark_ui.py), asked with curl as an operator would
+    for port in (cfg.spark_ui_port, cfg.spark_worker_ui_port):
+        for host, expected in (("evil.example", "403"), (f"evil.example:{port}", "403"), (None, "200"),
+                               (f"localhost:{port}", "200")):  # fmt: skip
+            argv = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/json/"]
+            answered = subprocess.run([*argv, *(["-H", f"Host: {host}"] if host else [])], capture_output=True,
+                                      text=True, timeout=30).stdout  # fmt: skip
+            assert answered == expected, (port, host, answered)
 
 
 def test_one_database_url_gives_each_server_its_own_database_and_driver(postgres_url, tmp_path):

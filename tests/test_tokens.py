@@ -90,9 +90,33 @@ def test_a_damaged_or_planted_cache_is_rebuilt_and_never_unpickled(tiny, caplog)
     with open(good.path, "wb") as handle:
         np.savez(handle, **{"texts.keys": np.array([object()], dtype=object)})
     with pytest.raises(ValueError, match="pickle"):
-        read(good.path)
+        read(good.path, "key")
     assert np.array_equal(tokenised(tiny, tokenizer).texts.keys, expected)
     assert "unreadable token cache" in caplog.text
+
+
+def test_a_planted_cache_of_the_right_name_and_shape_is_refused_and_rebuilt(tiny, caplog):
+    """Issue 74's probe planted caches that load: ids beyond the vocabulary (a bare IndexError in training)
+    and rows permuted (used silently: validation loss 1.48 against 1.07). Each file carries a digest of its
+    arrays keyed by what it caches (the negatives, the tokenizer, the code), so neither is read."""
+    tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
+    good = tokenised(tiny, tokenizer)
+    with np.load(good.path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    names = [k for k in arrays if k.endswith(".values") and arrays[k].dtype.kind in "iu" and arrays[k].size]
+    for plant in ("beyond", "permuted"):
+        planted = {k: v.copy() for k, v in arrays.items()}
+        if plant == "beyond":
+            planted[names[0]][0] = 10**6  # an id no vocabulary has
+        else:
+            planted["train.query"] = planted["train.query"][::-1].copy()  # the rows of another order
+        with open(good.path, "wb") as handle:
+            np.savez(handle, **planted)
+        caplog.clear()
+        again = tokenised(tiny, tokenizer)
+        assert "do not match their digest" in caplog.text
+        assert np.array_equal(again.texts.keys, good.texts.keys)
+        assert np.array_equal(again.train.query, good.train.query)
 
 
 def test_a_work_dir_where_the_cache_cannot_go_tokenises_for_the_run_alone(tiny, caplog):

@@ -73,3 +73,16 @@ def test_a_store_that_cannot_be_written_costs_only_time(tmp_path, caplog):
 def test_dssm_cache_off_turns_the_store_off(monkeypatch, value):
     monkeypatch.setenv("DSSM_CACHE", value)
     assert VectorStore.for_release("minilm", neural.RELEASE) is None
+
+
+def test_a_shard_of_the_right_shape_with_nan_vectors_is_passed_over(tmp_path, caplog):
+    """A damaged shard whose shapes still fit (NaN in its vectors) used to reach evaluate and index unchecked."""
+    store = VectorStore(tmp_path / "store")
+    store.write(TITLES[:2], np.ones((2, 4), np.float32))
+    (shard,) = (tmp_path / "store").glob("*.vectors.npy")
+    vectors = np.load(shard)
+    vectors[1, 2] = np.nan
+    np.save(shard, vectors)
+    with caplog.at_level(logging.WARNING):
+        assert store.read(TITLES[:2]) == {}
+    assert "not finite" in caplog.text
