@@ -28,6 +28,9 @@ from modeling.transformer import MiniLMEncoder, TokenBatch, padded
 
 log = logging.getLogger(__name__)
 CPU_BATCH, CPU_TOKENS = 64, 4096  # texts and padded word pieces per CPU batch
+# a served batch (a few queries) is padded to a multiple of this many pieces: OpenVINO plans each new shape
+# (1.5 ms a query of a shape seen before, 3.5 ms of varying ones); a catalogue's large batches are not
+SMALL_BATCH, SMALL_MULTIPLE = 8, 8
 GPU_BATCH, GPU_TOKENS = 1024, 65536
 THREADS_ENV = "DSSM_THREADS"
 PRECISION_ENV = "DSSM_CPU_PRECISION"  # f32 or bf16 to force one (comparisons); default: bf16 where native
@@ -47,6 +50,15 @@ def cpu_precision(core) -> str:
     if forced in ("f32", "bf16"):
         return forced
     return "bf16" if "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "f32"
+
+
+def precision_of(device: torch.device) -> str:
+    """What a Tower on `device` computes in: float16 on a GPU; on a CPU bf16 or f32 (`cpu_precision`)."""
+    if device.type == "cuda":
+        return "float16"
+    import openvino as ov
+
+    return cpu_precision(ov.Core())
 
 
 def length_batches(lengths: np.ndarray, batch: int, tokens: int) -> Iterator[np.ndarray]:
@@ -83,6 +95,10 @@ def compiled_tower(encoder: MiniLMEncoder):
     encoder.eval()
     config._attn_implementation = "eager"
     example = (torch.ones((2, 8), dtype=torch.long), torch.ones((2, 8), dtype=torch.bool))
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # "loss_type=None ... unrecognized" as the tracer reads the config
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the tracer's notes on Python values it records as constants
@@ -90,6 +106,7 @@ def compiled_tower(encoder: MiniLMEncoder):
     finally:
         config._attn_implementation = attention
         encoder.train(was_training)
+        transformers_logging.set_verbosity(verbosity)
     core = ov.Core()
     precision = cpu_precision(core)
     settings = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads()}
@@ -120,7 +137,8 @@ class Tower:
         cpu = self.request is not None
         for rows in length_batches(lengths, *((CPU_BATCH, CPU_TOKENS) if cpu else (GPU_BATCH, GPU_TOKENS))):
             pieces = np.concatenate([flat[starts[i] : starts[i + 1]] for i in rows])
-            out[rows] = self._run(padded(lengths[rows], pieces))
+            multiple = SMALL_MULTIPLE if cpu and len(rows) <= SMALL_BATCH else 1
+            out[rows] = self._run(padded(lengths[rows], pieces, multiple))
         return out
 
     @torch.no_grad()

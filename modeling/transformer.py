@@ -121,9 +121,11 @@ def token_batch(texts: Texts, tids: np.ndarray) -> TokenBatch:
     return padded(*texts.pieces.take(tids))
 
 
-def padded(lengths: np.ndarray, flat: np.ndarray) -> TokenBatch:
-    """Texts of `lengths` pieces each, `flat` one text after another, padded to the longest."""
+def padded(lengths: np.ndarray, flat: np.ndarray, multiple: int = 1) -> TokenBatch:
+    """Texts of `lengths` pieces each, `flat` one text after another, padded to the longest (rounded up to a
+    `multiple`: fewer distinct shapes for a runtime that plans per shape)."""
     width = int(lengths.max()) if len(lengths) else 1
+    width = -(-width // multiple) * multiple
     ids = np.zeros((len(lengths), width), np.int64)
     row = np.repeat(np.arange(len(lengths)), lengths)
     ids[row, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat

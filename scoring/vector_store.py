@@ -31,11 +31,13 @@ def text_key(text: str) -> bytes:
 
 
 @functools.cache
-def _release(packages: tuple[str, ...]) -> str:
-    """A short hash of the packages' installed versions (read once per process)."""
+def _release(packages: tuple[str, ...], variant: str = "") -> str:
+    """A short hash of the packages' installed versions and `variant` (how the vectors are computed), read
+    once per process."""
     from importlib.metadata import version
 
-    return hashlib.sha256("".join(f"{p}=={version(p)}\n" for p in packages).encode()).hexdigest()[:16]
+    blob = "".join(f"{p}=={version(p)}\n" for p in packages) + variant
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 class VectorStore:
@@ -43,15 +45,15 @@ class VectorStore:
         self.folder = folder
 
     @classmethod
-    def for_release(cls, name: str, packages: tuple[str, ...]) -> VectorStore | None:
-        """The store of `name`'s vectors under these installed packages' versions, or None where
-        DSSM_CACHE turns caching off."""
+    def for_release(cls, name: str, packages: tuple[str, ...], variant: str = "") -> VectorStore | None:
+        """The store of `name`'s vectors under these installed packages' versions and `variant` (e.g. the
+        precision and code that compute them), or None where DSSM_CACHE turns caching off."""
         root = os.environ.get("DSSM_CACHE")
         if root is None:
             root = str(Path.home() / ".cache" / "dssm")
         if root.lower() in ("off", "0", ""):
             return None
-        return cls(Path(root) / name / _release(packages))
+        return cls(Path(root) / name / _release(packages, variant))
 
     def read(self, texts: list[str], width: int | None = None) -> dict[str, np.ndarray]:
         """The stored vectors of those of `texts` that any whole shard (of vectors `width` wide) holds."""

@@ -72,7 +72,7 @@ def source_of(args: argparse.Namespace):
 
 
 def set_threads(threads: int) -> int:
-    """torch's and faiss' threads for the model call (ONNX Runtime sessions read the same number)."""
+    """torch's threads for the model call (OpenVINO's read the same number from DSSM_THREADS), faiss's one."""
     import os
 
     from core.machine import usable_cpus
@@ -83,12 +83,20 @@ def set_threads(threads: int) -> int:
     import torch
 
     torch.set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
+    # a served batch is a few queries: faiss searches them fastest on one thread (a flat index of 44,839 titles:
+    # 0.44 ms on one, 2.6 ms on two, for one query)
+    faiss.omp_set_num_threads(1)
     return threads
 
 
 def command(args: argparse.Namespace) -> None:
     """`dssm serve`."""
+    import os
+
+    # before torch and faiss load OpenMP: its idle threads sleep instead of spinning, so between two small model
+    # calls they leave the cores to the event loop and the other pools (on 2 cores: p99 at 100 requests/s
+    # 55-60 ms spinning, 26-29 ms passive; benchmarks/serve_bench.py, BENCHMARKS.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
     from service.app import build_app

@@ -20,7 +20,7 @@ class ServeConfig:
     max_body_bytes: int = 65536  # the largest request body read (larger: 413)
     max_batch: int = 64  # queries embedded and searched in one model call (concurrent requests share it)
     # how long the batcher waits for more requests once one is there, in ms: latency traded for larger batches
-    batch_wait_ms: float = 1.0
+    batch_wait_ms: float = 0.0
     max_queue: int = 512  # queries waiting for the model; a request that would pass it gets 503 at once
     poll_seconds: float = 5.0  # how often the registry is asked whether the champion moved (0: never)
     threads: int = 0  # torch, faiss and OpenVINO threads of the model call; 0: the cores this process may use

@@ -101,7 +101,8 @@ def build_faiss(vectors, cfg: IndexConfig):
     import faiss
 
     n, dim = vectors.shape
-    kind = cfg.kind if cfg.kind != "auto" else ("flat" if n <= cfg.flat_max else "hnsw")
+    small = n <= cfg.flat_max and n * dim * 4 <= cfg.flat_max_mb * 2**20
+    kind = cfg.kind if cfg.kind != "auto" else ("flat" if small else "hnsw")
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     else:
@@ -280,13 +281,16 @@ def index(
         started = time.perf_counter()
         built, kind = build_faiss(vectors, cfg)
         faiss.write_index(built, str(tmp / INDEX_FILE))
-        dims, recalls = {}, {"recall_at_10": hnsw_recall(vectors, built)}  # MLflow metric names allow no '@'
+        # each HNSW index's recall@10 against exact search (MLflow metric names allow no '@')
+        dims, recalls = {}, ({"recall_at_10": hnsw_recall(vectors, built)} if kind == "hnsw" else {})
         for position in partners:
             partner_vectors = read_vectors(tmp / "embeddings", partner_column(position))
             dims[f"dim_{position}"] = int(partner_vectors.shape[1])
-            partner_index = build_faiss(partner_vectors, cfg)[0]
+            partner_index, partner_kind = build_faiss(partner_vectors, cfg)
             faiss.write_index(partner_index, str(tmp / component_index_file(position)))
-            recalls[f"recall_at_10_{position}"] = hnsw_recall(partner_vectors, partner_index)
+            dims[f"kind_{position}"] = partner_kind
+            if partner_kind == "hnsw":
+                recalls[f"recall_at_10_{position}"] = hnsw_recall(partner_vectors, partner_index)
         build_seconds = time.perf_counter() - started
         if has_lexical(tmp / "model"):  # a hybrid with BM25 also takes BM25's best titles as candidates
             from scoring.bm25 import CatalogueBM25
@@ -299,7 +303,7 @@ def index(
             "dim": int(vectors.shape[1]),
             **dims,
             "kind": kind,
-            **({k: round(v, 4) for k, v in recalls.items()} if kind == "hnsw" else {}),
+            **{k: round(v, 4) for k, v in recalls.items()},
             "embed_seconds": round(embed_seconds, 2),
             "build_seconds": round(build_seconds, 3),
             "index_bytes": (tmp / INDEX_FILE).stat().st_size,
@@ -313,7 +317,7 @@ def index(
             kind,
             build_seconds,
             counts["index_bytes"] / 1e6,
-            f"; recall@10 against exact search {', '.join(f'{v:.3f}' for v in recalls.values())}" * (kind == "hnsw"),
+            f"; HNSW recall@10 against exact {', '.join(f'{v:.3f}' for v in recalls.values())}" * bool(recalls),
         )
         return {"counts": counts, "model": asdict(model)}
 
