@@ -84,7 +84,7 @@ class _Graph(torch.nn.Module):
         return self.encoder(TokenBatch(ids, mask))
 
 
-def compiled_tower(encoder: MiniLMEncoder):
+def compiled_tower(encoder: MiniLMEncoder, precision: str = ""):
     """The tower converted to OpenVINO and compiled for this CPU. Attention is converted as written (eager),
     which OpenVINO fuses; torch's fused SDPA would convert as a slower decomposition."""
     import openvino as ov
@@ -108,7 +108,7 @@ def compiled_tower(encoder: MiniLMEncoder):
         encoder.train(was_training)
         transformers_logging.set_verbosity(verbosity)
     core = ov.Core()
-    precision = cpu_precision(core)
+    precision = precision or cpu_precision(core)
     settings = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads()}
     settings["PERFORMANCE_HINT"] = "LATENCY"  # one stream: a call gets every thread
     compiled = core.compile_model(graph, "CPU", settings)
@@ -118,14 +118,16 @@ def compiled_tower(encoder: MiniLMEncoder):
 
 class Tower:
     """One transformer tower for inference: OpenVINO on a CPU, torch with float16 autocast on a GPU.
-    `runtime="torch"` runs the GPU's path on any device (on a CPU in bfloat16: how CI tests it)."""
+    `runtime="torch"` runs the GPU's path on any device (on a CPU in bfloat16: how CI tests it);
+    `cpu_precision="f32"` keeps float32 on any CPU (the off-the-shelf MiniLM baseline: sentence-transformers'
+    vectors, to float rounding)."""
 
-    def __init__(self, encoder: MiniLMEncoder, device: torch.device, runtime: str = "auto"):
+    def __init__(self, encoder: MiniLMEncoder, device: torch.device, runtime: str = "auto", cpu_precision: str = ""):
         self.encoder, self.device, self.dim = encoder, device, encoder.dim
         self.request = None
         self.precision = "float16" if device.type == "cuda" else "bf16"
         if runtime == "openvino" or (runtime == "auto" and device.type == "cpu"):
-            compiled, self.precision = compiled_tower(encoder)
+            compiled, self.precision = compiled_tower(encoder, cpu_precision)
             self.request = compiled.create_infer_request()
             self._output = compiled.output(0)
             self._lock = threading.Lock()  # an infer request serves one call at a time

