@@ -155,6 +155,15 @@ def _exit(signum: int) -> None:
     os._exit(128 + signum)
 
 
+def end_children(wait: float = 3.0) -> None:
+    """End what this process started (Spark's JVM, torchrun) before it exits on a stop: a JVM left to its
+    own shutdown hooks after its Python went away stayed up ~75 s finishing a stage nobody waits for."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        end_processes(psutil.Process().children(recursive=True), wait)
+
+
 def _ask_for_stacks(processes: list) -> None:
     """Our forked copies among `processes` (a Prefect runner's flow-run processes: our command line and
     our faulthandler hook, signals_stop) print every thread's stack, a report of where a run that did

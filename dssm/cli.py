@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import dssm
 from core.errors import DssmError
-from core.stopping import is_stop, signal_of, signals_stop
+from core.stopping import end_children, is_stop, signal_of, signals_stop
 
 
 @dataclass(frozen=True)
@@ -243,6 +243,7 @@ class _Unactionable(logging.Filter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    standalone = argv is None  # the process is this command (not a caller's, as a test's)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     if COMMANDS[args.command].before_logging:
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if not is_stop(e):
             raise
         why = f"stopped by {signal.Signals(signal_of(e)).name}"
+        if standalone:
+            end_children()  # Spark's JVM and other children stop with the command, not minutes later
         print(f"dssm {args.command}: {why}; finished outputs are kept, partial ones discarded", file=sys.stderr)
         return 128 + signal_of(e)
     return 0

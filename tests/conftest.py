@@ -46,7 +46,7 @@ def pytest_configure(config):
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if worker and 1 < count <= len(cpus):
-        i = int(worker.removeprefix("gw"))
+        i = int(worker.removeprefix("gw")) % count  # a worker xdist starts in place of a crashed one is gw2, gw3, ...
         os.sched_setaffinity(0, cpus[i * len(cpus) // count : (i + 1) * len(cpus) // count])
     # Every Spark driver the suite starts (its own session, each `dssm` subprocess and flow run) is a short-lived
     # JVM on one core, where the C2 compiler and parallel GC threads only take CPU from the job: C1 and the serial

@@ -235,3 +235,22 @@ def test_a_sigterm_after_90_s_of_training_resumes_from_a_checkpoint_under_a_minu
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from step {state['step']}" in resumed.stderr
     assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the same MLflow run, continued
+
+
+def test_sigterm_to_a_spark_command_alone_ends_its_jvm_with_it(pipeline, tmp_path):
+    """Issue 74's probe: `dssm index` sent SIGTERM (the command's process, not its group) exited, and its JVM
+    stayed up ~75 s finishing a stage. The command now ends its children as it stops."""
+    cmd = [sys.executable, "-m", "dssm.cli", "clean", "--input", str(pipeline["simulate"]), "--master", "local[1]"]
+    with open(tmp_path / "stderr", "wb") as err:  # a file, not a pipe: a full pipe would block the command
+        proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "c")], stdout=subprocess.DEVNULL, stderr=err)
+    deadline, jvm = time.monotonic() + 180, None
+    while jvm is None and time.monotonic() < deadline and proc.poll() is None:
+        jvm = next((p for p in psutil.Process(proc.pid).children(recursive=True) if "java" in p.name()), None)
+        time.sleep(0.2)
+    assert jvm is not None, "no JVM started"
+    time.sleep(4)  # Spark's session up, its first job under way
+    seconds = stop(proc, group=False)
+    stderr = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 128 + signal.SIGTERM and seconds < BAR_SECONDS, (seconds, stderr[-2000:])
+    assert not psutil.wait_procs([jvm], timeout=5)[1], "the JVM outlived its command"
+    assert not (tmp_path / "c").exists()
