@@ -5,6 +5,7 @@ readable checkpoint sends the nightly warm start to a model from scratch (item 7
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import re
@@ -259,11 +260,12 @@ def test_a_stop_mid_write_leaves_no_partial_checkpoint_and_a_killed_ones_is_remo
     checkpoint.save_checkpoint(tmp_path, state, 2, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]
 
-    def stopped_mid_write(obj, path):
-        Path(path).write_bytes(b"half")
-        raise Stopped(15)
+    class StoppedMidWrite(io.FileIO):
+        def write(self, data):
+            super().write(bytes(data)[:4])
+            raise Stopped(15)
 
-    monkeypatch.setattr(checkpoint.torch, "save", stopped_mid_write)
+    monkeypatch.setattr(checkpoint, "open", StoppedMidWrite, raising=False)  # the checkpoint file's writer
     with pytest.raises(Stopped):
         checkpoint.save_checkpoint(tmp_path, state, 3, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]
