@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root (s
 
 from core.artifacts import require_manifest
 from core.layout import Layout
-from modeling.config import DataSettings, ModelConfig
+from modeling.config import DataConfig, ModelConfig
 from modeling.data import ClickBatches, train_files
 from modeling.encoders import tokenizer_for
 from modeling.hashing import Vocab
@@ -46,13 +47,12 @@ def measure(workdir: Path, encoder: str, batch_size: int, steps: int, rebuild: b
     n = int(manifest["params"]["n"])
     tokenizer = tokenizer_for(model, Vocab.load(layout.vocab, model.tokens))
     if rebuild:
-        for old in tokens_dir(layout.negatives).glob("*.npz"):
-            old.unlink()
+        shutil.rmtree(tokens_dir(layout.negatives), ignore_errors=True)
     started = time.perf_counter()
     tokenised = load_or_build(layout.negatives, manifest["content_sha256"], tokenizer, n)
     loaded = time.perf_counter() - started
     files = train_files(layout.negatives)
-    cfg = DataSettings(batch_size=batch_size, negatives_per_row=per_row)
+    cfg = DataConfig(batch_size=batch_size, negatives_per_row=per_row)
     batches = ClickBatches(tokenised, files, 0, 1, cfg, n, seed=1)
     stream = batches.steps(0, steps + 5)
     for _ in range(5):  # the first epoch's order and numpy's first calls

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from core.errors import DssmError
-from modeling.config import DataSettings
+from modeling.config import DataConfig
 from modeling.hashing import TextBatch, text_batch
 from modeling.tokens import Rows, Tokenised, parquet_file
 
@@ -104,7 +104,7 @@ class ClickBatches:
         files: list[Path],
         rank: int,
         world: int,
-        cfg: DataSettings,
+        cfg: DataConfig,
         n_negatives: int,
         seed: int,
         pair_weight: str = "none",
@@ -246,7 +246,7 @@ def in_worker_processes(batches: ClickBatches, start: int, total: int, workers: 
 
 
 def row_keys(keys: np.ndarray, queries: np.ndarray, clicked: np.ndarray) -> Tensor:
-    """(B, 2) int64: each row's [query key, clicked title key] (`modeling.tokens.text_key`). Rows that
+    """(B, 2) int64: each row's [query key, clicked title key] (`core.array_cache.text_key`). Rows that
     share a query (or a clicked title) share its key, so the losses can keep them from serving as each
     other's negatives: the paraphrase objective by query, `loss.mask_in_batch` by either."""
     return torch.from_numpy(np.stack([keys[queries], keys[clicked]], 1))

@@ -6,24 +6,24 @@ negatives, shown lists) is tokenised once, and each shard's rows become text ids
 integer arrays (modeling/data.py; the batches themselves: `hashing.text_batch`, `transformer.token_batch`).
 
 `Tokenised` holds:
-- `texts`: per distinct text its key (`text_key`, for the losses' collision masks) and its tokens, as
+- `texts`: per distinct text its key (`core.array_cache.text_key`, for the losses' collision masks) and its tokens, as
   its encoder reads them. Word hashing: its words (`words`, global word ids) and each word's trigram
   (or word) ids (`bags`). Word pieces: its pieces, [CLS] ... [SEP] (`pieces`).
 - `train`, `valid`: the rows of each split's shards in file order (`Rows`).
 
-It is cached as one `.npz` (arrays only: read with allow_pickle=False, so a planted file runs
-nothing) in `NEGATIVES/../tokens/`, named by the sha256 of the negatives' content hash, the
-tokenizer's identity and this code's fingerprint: another vocabulary, tokenizer, limit or code
-makes another file. Written atomically under a lock, so DDP ranks starting together tokenise once.
+It is cached as an entry of the project's array cache (core/array_cache.py: numpy files, never
+unpickled, checked against a digest keyed by what they cache) in `NEGATIVES/../tokens/`, named by the
+sha256 of the negatives' content hash, the tokenizer's identity and this code's fingerprint: another
+vocabulary, tokenizer, limit or code makes another entry. Written atomically under the cache's lock, so
+DDP ranks starting together tokenise once, and read memory-mapped, so the ranks and their loader
+workers share one copy of the arrays.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -33,20 +33,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.array_cache import ArrayCache, text_keys
 from core.artifacts import code_fingerprint
 from core.errors import DssmError
 from core.schemas import NEGATIVES
 
 log = logging.getLogger("dssm.train")
 
-KEEP = 4  # cached files kept per tokens directory (the newest)
+MAX_BYTES = 8 << 30  # the token caches kept per tokens/ folder (least recently used dropped first)
 SPLITS = ("train", "valid")
-
-
-def text_key(text: str) -> int:
-    """A signed 64-bit hash of `text`, the same in every process (Python's hash() is salted per
-    process, and ranks compare the keys they gather from each other)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
 @dataclass
@@ -112,7 +107,14 @@ class Tokenised:
     texts: Texts
     train: Rows
     valid: Rows
-    path: Path | None = None  # the cache file it was read from or written to
+    path: Path | None = None  # the cache entry it was read from or written to
+
+    def __reduce__(self):
+        """Sent to another process (a spawned loader worker) as its cache entry, which that process maps:
+        the token arrays stay one copy in memory however many processes read them."""
+        if self.path is None:
+            return (Tokenised, (self.texts, self.train, self.valid, None))
+        return (reopened, (self.path,))
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -186,7 +188,7 @@ def build(negatives: Path, tokenizer, n: int) -> Tokenised:
 
 def tokenise(texts: list[str], tokenizer) -> Texts:
     """Keys and tokens of distinct texts: word hashing's words and bags, or a transformer's pieces."""
-    keys = np.fromiter((text_key(t) for t in texts), np.int64, len(texts))
+    keys = text_keys(texts)
     if hasattr(tokenizer, "pieces"):  # a transformer's WordPieceTokenizer
         lengths, values = tokenizer.pieces(texts)
         return Texts(keys, pieces=Ragged.of(lengths, values))
@@ -225,33 +227,29 @@ def tokens_dir(negatives: Path) -> Path:
 
 
 def load_or_build(negatives: Path, negatives_sha256: str, tokenizer, n: int) -> Tokenised:
-    """The negatives tokenised by `tokenizer`: from the cache when it holds them, else built and cached.
-    A directory that cannot be written is no error: the arrays are then built for this run alone."""
-    folder = tokens_dir(negatives)
+    """The negatives tokenised by `tokenizer`: from the cache when it holds them (memory-mapped: the ranks
+    and their loader workers share one copy), else built and cached. A directory that cannot be written is
+    no error: the arrays are then built for this run alone."""
+    cache = ArrayCache(tokens_dir(negatives), MAX_BYTES)
     key = cache_key(negatives_sha256, tokenizer, n)
-    path = folder / f"{key[:32]}.npz"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / ".lock", "a")  # noqa: SIM115 (held until the cache is read or written)
-    except OSError as e:
-        log.warning("%s: cannot cache tokens here (%s); tokenising for this run only", folder, e)
-        return build(Path(negatives), tokenizer, n)
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
+        with cache.locked():  # ranks starting together: one tokenises, the others read what it wrote
             try:
-                found = read(path, key)
-                os.utime(path)  # the newest used stays when older ones are trimmed
-                return found
-            except Exception as e:  # truncated, not a zip, a field missing, an object array: never trusted
-                log.warning("%s: unreadable token cache (%s: %s); rebuilding it", path, type(e).__name__, e)
-        tokenised = build(Path(negatives), tokenizer, n)
-        try:
-            write(tokenised, path, key)
-            _trim(folder)
-        except OSError as e:
-            log.warning("%s: could not write the token cache (%s); tokenised for this run only", path, e)
-    return tokenised
+                arrays = cache.get(key[:32], key)
+                if arrays is not None:
+                    return _tokenised(arrays, cache.path(key[:32]))
+            except ValueError as e:  # damaged, planted, an object array: never trusted
+                log.warning("%s: unreadable token cache (%s); rebuilding it", cache.path(key[:32]), e)
+            tokenised = build(Path(negatives), tokenizer, n)
+            try:
+                path = cache.put(key[:32], arrays_of(tokenised), key)
+            except OSError as e:
+                log.warning("%s: could not write the token cache (%s); tokenised for this run only", cache.folder, e)
+                return tokenised
+            return reopened(path)  # the written files mapped, as the other ranks map them: one copy, not two
+    except OSError as e:
+        log.warning("%s: cannot cache tokens here (%s); tokenising for this run only", cache.folder, e)
+        return build(Path(negatives), tokenizer, n)
 
 
 def _arrays(prefix: str, obj: Any) -> dict[str, np.ndarray]:
@@ -265,32 +263,9 @@ def _arrays(prefix: str, obj: Any) -> dict[str, np.ndarray]:
     return out
 
 
-DIGEST = "digest"  # in a cache file: the keyed digest of its arrays (`digest`)
-
-
-def digest(arrays: dict[str, np.ndarray], key: str) -> np.ndarray:
-    """blake2b of every array (name, dtype, shape, bytes), keyed by the cache key: a file damaged, edited
-    (rows permuted, ids changed) or made for other negatives or another tokenizer does not match it."""
-    h = hashlib.blake2b(key=key.encode()[:64], digest_size=32)
-    for name in sorted(k for k in arrays if k != DIGEST):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(a.tobytes())
-    return np.frombuffer(h.digest(), np.uint8)
-
-
-def write(tokenised: Tokenised, path: Path, key: str) -> None:
-    arrays = (
-        _arrays("texts.", tokenised.texts) | _arrays("train.", tokenised.train) | _arrays("valid.", tokenised.valid)
-    )
-    arrays[DIGEST] = digest(arrays, key)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        np.savez(handle, **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())  # a crash after the rename never leaves a truncated cache
-    os.replace(tmp, path)
-    tokenised.path = path
+def arrays_of(tokenised: Tokenised) -> dict[str, np.ndarray]:
+    """Every array of `tokenised`, by dotted name (texts.keys, train.shown.values, ...)."""
+    return _arrays("texts.", tokenised.texts) | _arrays("train.", tokenised.train) | _arrays("valid.", tokenised.valid)
 
 
 def _object(cls, prefix: str, arrays) -> Any:
@@ -304,20 +279,12 @@ def _object(cls, prefix: str, arrays) -> Any:
     return cls(**values)
 
 
-def read(path: Path, key: str) -> Tokenised:
-    """A cache file, refused (ValueError) unless its arrays match the digest written with them under `key`."""
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    if DIGEST not in arrays or not np.array_equal(arrays[DIGEST], digest(arrays, key)):
-        raise ValueError("its arrays do not match their digest (damaged, edited, or another negatives' tokens)")
-    return Tokenised(
-        _object(Texts, "texts.", arrays), _object(Rows, "train.", arrays), _object(Rows, "valid.", arrays), path
-    )
+def _tokenised(arrays: dict[str, np.ndarray], path: Path | None) -> Tokenised:
+    texts = _object(Texts, "texts.", arrays)
+    return Tokenised(texts, _object(Rows, "train.", arrays), _object(Rows, "valid.", arrays), path)
 
 
-def _trim(folder: Path) -> None:
-    """The newest KEEP caches stay; older ones and temporary files of killed writers go."""
-    for old in sorted(folder.glob("*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
-        old.unlink(missing_ok=True)
-    for tmp in folder.glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)  # under the lock: no writer is running
+def reopened(path: Path) -> Tokenised:
+    """A cache entry mapped again by a process another one handed it to (a spawned loader worker): the
+    same pages, not a copy; its digest was checked by the process that read it first."""
+    return _tokenised(ArrayCache(path.parent).get(path.name, "", verify=False) or {}, path)

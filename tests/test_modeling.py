@@ -17,15 +17,16 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from conftest import free_port
 
+from core.array_cache import text_key
 from core.errors import DssmError
-from modeling.config import LossConfig, ModelConfig, OptimConfig, TrainConfig, load_config
+from modeling.config import LossConfig, ModelConfig, OptimConfig, TrainJob, load_config
 from modeling.data import ListTargets, pair_weights, row_keys
 from modeling.encoders import ENCODERS, build_encoder, tokenizer_for
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, click_loss, listwise_loss, training_loss
 from modeling.optim import momentum_at, set_schedule
 from modeling.tables import HashingTable, TableRows, momentum_runs
-from modeling.tokens import Ragged, Rows, text_key
+from modeling.tokens import Ragged, Rows
 
 TEXTS = ["cordless drill", "white steel ladder with 2 pack", "rug", "outdoor led lamp for home", "zzqx sink"]
 
@@ -381,7 +382,7 @@ def test_row_keys_are_the_same_in_every_process():
     assert keys[0, 0] == keys[1, 0] and keys[0, 1] == keys[2, 1]  # the same query; the same clicked title
     assert keys[0, 0] != keys[2, 0] and keys[0, 1] != keys[1, 1]
     texts = [t for r in rows for t in r[:2]]
-    code = "import json, sys; from modeling.tokens import text_key; print([text_key(t) for t in json.load(sys.stdin)])"
+    code = "import json, sys; from core.array_cache import text_key; print([text_key(t) for t in json.load(sys.stdin)])"
     for seed in ("0", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         done = subprocess.run(
@@ -412,7 +413,7 @@ def test_listwise_loss_is_the_cross_entropy_of_the_targets_over_the_shown_titles
 
 
 def test_warm_up_and_linear_decay_set_the_step_size_of_every_update():
-    from modeling.config import OptimConfig, TrainConfig, rows_are_exact
+    from modeling.config import OptimConfig, TrainJob, rows_are_exact
     from modeling.optim import step_size_factor
 
     cfg = OptimConfig(warmup=0.1, decay="linear")
@@ -422,11 +423,11 @@ def test_warm_up_and_linear_decay_set_the_step_size_of_every_update():
     assert factors[10:] == sorted(factors[10:], reverse=True)
     assert {step_size_factor(s, 100, OptimConfig()) for s in range(1, 101)} == {1.0}  # the paper's fixed step
     model = torch.nn.Linear(2, 2)
-    train = TrainConfig(optim=OptimConfig(name="adamw", adamw_lr=1e-3, warmup=0.5))
+    train = TrainJob(optim=OptimConfig(name="adamw", adamw_lr=1e-3, warmup=0.5))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     set_schedule(optimizer, 1, 4, train)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
-    assert not rows_are_exact(TrainConfig(optim=OptimConfig(warmup=0.1)))  # rows assume a constant step
+    assert not rows_are_exact(TrainJob(optim=OptimConfig(warmup=0.1)))  # rows assume a constant step
 
 
 def test_momentum_schedule_is_the_papers():
@@ -454,7 +455,7 @@ def test_row_wise_table_updates_are_torchs_dense_nesterov_sgd():
         ids = torch.randint(0, 40 if step < 10 else 8, (6,), generator=generator)  # rows 8-39 idle after step 9
         offsets = torch.tensor([0, 3])
         for table, optimizer in ((dense_table, dense), (row_table, sparse)):
-            set_schedule(optimizer, step, total, TrainConfig(optim=cfg))
+            set_schedule(optimizer, step, total, TrainJob(optim=cfg))
             optimizer.zero_grad()
             (table(ids, offsets) - target).pow(2).sum().backward()
         rows.gradients()

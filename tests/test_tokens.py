@@ -12,10 +12,10 @@ from conftest import write_tiny_dataset
 
 from core.artifacts import read_manifest
 from core.errors import DssmError
-from modeling.config import DataSettings
+from modeling.config import DataConfig
 from modeling.data import ClickBatches, train_files
 from modeling.hashing import Tokenizer, Vocab, perturbed
-from modeling.tokens import load_or_build, read, tokens_dir
+from modeling.tokens import load_or_build, tokens_dir
 
 
 def tokenised(data, tokenizer, n: int = 4):
@@ -41,7 +41,7 @@ def test_a_batch_holds_each_texts_tokens_as_the_serving_tokenizer_gives_them(tin
 
     tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
     files = train_files(tiny / "negatives")
-    batches = ClickBatches(tokenised(tiny, tokenizer), files, 0, 1, DataSettings(16), 4, 1)
+    batches = ClickBatches(tokenised(tiny, tokenizer), files, 0, 1, DataConfig(16), 4, 1)
     index = np.array([0, 5, 30, 95])  # rows of the shards in file order, as the cache numbers them
     queries, docs, *_ = batches.batch(batches.tokenised.train, index, None, 4, False)
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
@@ -66,57 +66,60 @@ def test_word_pieces_are_the_tokenizers_padded_batch(tiny):
     assert cached.texts.pieces is not None and cached.texts.words is None
 
 
-def test_the_cache_is_written_once_per_vocabulary_and_reused(tiny):
+def test_the_cache_is_written_once_per_vocabulary_and_reused_memory_mapped(tiny):
+    import pickle
+
     vocab = Vocab.load(tiny / "vocab")
     first = tokenised(tiny, Tokenizer(vocab, max_words=40))
-    written = first.path.stat().st_mtime_ns
+    written = (first.path / "texts.keys.npy").stat().st_mtime_ns
     again = tokenised(tiny, Tokenizer(vocab, max_words=40))
-    assert again.path == first.path and first.path.stat().st_mtime_ns >= written
+    assert again.path == first.path and (first.path / "texts.keys.npy").stat().st_mtime_ns == written
+    assert isinstance(again.texts.words.values, np.memmap)  # mapped: ranks and loader workers share its pages
     np.testing.assert_array_equal(again.texts.words.values, first.texts.words.values)
-    shorter = tokenised(tiny, Tokenizer(vocab, max_words=2))  # another limit: another file
+    shorter = tokenised(tiny, Tokenizer(vocab, max_words=2))  # another limit: another entry
     assert shorter.path != first.path and shorter.texts.words.lengths(np.arange(5)).max() <= 2
-    assert sorted(p.name for p in tokens_dir(tiny / "negatives").glob("*.npz")) == sorted(
+    assert sorted(p.name for p in tokens_dir(tiny / "negatives").iterdir() if p.is_dir()) == sorted(
         [first.path.name, shorter.path.name]
     )
+    sent = pickle.dumps(again)  # what a spawned loader worker receives: the entry, mapped again there
+    assert len(sent) < 1000 and isinstance(pickle.loads(sent).train.query, np.memmap)
+    np.testing.assert_array_equal(pickle.loads(sent).train.query, first.train.query)
 
 
 def test_a_damaged_or_planted_cache_is_rebuilt_and_never_unpickled(tiny, caplog):
     tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
     good = tokenised(tiny, tokenizer)
     expected = good.texts.keys.copy()
-    good.path.write_bytes(b"not an npz")
+    (good.path / "texts.keys.npy").write_bytes(b"not an npy")
     assert np.array_equal(tokenised(tiny, tokenizer).texts.keys, expected)
-    # an object array in an .npz needs pickle to load: refused, then rebuilt
-    with open(good.path, "wb") as handle:
-        np.savez(handle, **{"texts.keys": np.array([object()], dtype=object)})
-    with pytest.raises(ValueError, match="pickle"):
-        read(good.path, "key")
+    # an object array needs pickle to load: refused, then rebuilt
+    np.save(good.path / "texts.keys.npy", np.array([object()], dtype=object), allow_pickle=True)
+    caplog.clear()
     assert np.array_equal(tokenised(tiny, tokenizer).texts.keys, expected)
-    assert "unreadable token cache" in caplog.text
+    assert "unreadable token cache" in caplog.text and "Python objects" in caplog.text
 
 
 def test_a_planted_cache_of_the_right_name_and_shape_is_refused_and_rebuilt(tiny, caplog):
     """Issue 74's probe planted caches that load: ids beyond the vocabulary (a bare IndexError in training)
-    and rows permuted (used silently: validation loss 1.48 against 1.07). Each file carries a digest of its
+    and rows permuted (used silently: validation loss 1.48 against 1.07). Each entry carries a digest of its
     arrays keyed by what it caches (the negatives, the tokenizer, the code), so neither is read."""
     tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
     good = tokenised(tiny, tokenizer)
-    with np.load(good.path, allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    names = [k for k in arrays if k.endswith(".values") and arrays[k].dtype.kind in "iu" and arrays[k].size]
+    keys, queries = np.array(good.texts.keys), np.array(good.train.query)  # copies: the files are planted over
+    arrays = {p.name: np.load(p) for p in good.path.glob("*.npy")}
+    names = [k for k in arrays if k.endswith(".values.npy") and arrays[k].dtype.kind in "iu" and arrays[k].size]
     for plant in ("beyond", "permuted"):
         planted = {k: v.copy() for k, v in arrays.items()}
         if plant == "beyond":
             planted[names[0]][0] = 10**6  # an id no vocabulary has
         else:
-            planted["train.query"] = planted["train.query"][::-1].copy()  # the rows of another order
-        with open(good.path, "wb") as handle:
-            np.savez(handle, **planted)
+            planted["train.query.npy"] = planted["train.query.npy"][::-1].copy()  # the rows of another order
+        for name, array in planted.items():
+            np.save(good.path / name, array)
         caplog.clear()
         again = tokenised(tiny, tokenizer)
         assert "do not match their digest" in caplog.text
-        assert np.array_equal(again.texts.keys, good.texts.keys)
-        assert np.array_equal(again.train.query, good.train.query)
+        assert np.array_equal(again.texts.keys, keys) and np.array_equal(again.train.query, queries)
 
 
 def test_a_work_dir_where_the_cache_cannot_go_tokenises_for_the_run_alone(tiny, caplog):
@@ -145,10 +148,10 @@ def test_negatives_per_row_scores_the_first_k_and_validation_all(tiny):
     tokenizer = Tokenizer(Vocab.load(tiny / "vocab"), max_words=40)
     cached, files = tokenised(tiny, tokenizer), train_files(tiny / "negatives")
     for k, titles in ((0, 1), (2, 3), (-1, 5)):
-        batches = ClickBatches(cached, files, 0, 1, DataSettings(16, negatives_per_row=k), 4, 1)
+        batches = ClickBatches(cached, files, 0, 1, DataConfig(16, negatives_per_row=k), 4, 1)
         queries, docs, *_ = next(batches.steps(0, 1))
         assert len(docs) == titles * len(queries)
         _, (v_queries, v_docs, *_) = next(batches.valid(8))
         assert len(v_docs) == 5 * len(v_queries)  # every sampled negative, whatever k
     with pytest.raises(DssmError, match="carry 4"):
-        ClickBatches(cached, files, 0, 1, DataSettings(16, negatives_per_row=5), 4, 1)
+        ClickBatches(cached, files, 0, 1, DataConfig(16, negatives_per_row=5), 4, 1)
