@@ -14,9 +14,9 @@ PYTEST := $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 .PHONY: run test test-durations test-fast lint bench table4 search-table gpu-bundle gpu-check stack-up stack-down clean-work
 
 # What is installed must be byte-compiled: these machines set PYTHONDONTWRITEBYTECODE=1, so without it every
-# process compiles torch and the rest from source (tried: the suite took 1,572 s in place of 1,098 s). compileall
-# does it on every core (2 cores: 109 s to install + 58 s to compile, against ~200 s for pip's own one-core
-# compile); a few packages ship files that do not compile (test data, other Pythons' syntax), as pip skips them
+# process compiles torch and the rest from source. compileall does it on every core, faster than pip's own one-core
+# compile (both measured: docs/studies/test-suite-times.md, "Measured for the set-up"); a few packages ship files
+# that do not compile (test data, other Pythons' syntax), as pip skips them
 $(READY): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock

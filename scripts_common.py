@@ -31,10 +31,10 @@ def training_keys(run_config: Path, encoder: str = "", device: str = "cpu") -> l
     as `dssm train` KEY=VALUEs: its train section with that encoder's per_encoder keys (and those of
     ENCODER@DEVICE) applied, the flow's own keys (train.models, ...) left out."""
     from flows.config import load_run_config
-    from modeling.config import TrainSettings
+    from modeling.config import TrainRecipe
 
     section = load_run_config(run_config).train
-    given, defaults = section.for_encoder(encoder or section.model.encoder, device).flat(), TrainSettings().flat()
+    given, defaults = section.for_encoder(encoder or section.model.encoder, device).flat(), TrainRecipe().flat()
     return [f"{key}={value}" for key, value in given.items() if value != defaults[key]]
 
 

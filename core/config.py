@@ -106,7 +106,11 @@ def convert(value: Any, hint: Any, key: str) -> Any:
 
 
 # keys of older configs -> where they live now
-MOVED = {"evaluate.gate_metric": "gate.metric", "index_champion": "skip=[index] (--no-index)"}
+MOVED = {
+    "evaluate.gate_metric": "gate.metric",
+    "index_champion": "skip=[index] (--no-index)",
+    "catalogue": "index.catalogue",
+}
 # switches of older configs that became a section of the same name -> what switches the stage off now
 SWITCH_TO_SECTION = {"analyze": "skip=[analyze] (--no-analyze); analyze is the analyze stage's settings section"}
 

@@ -1,11 +1,11 @@
 """What a pipeline stage is handed and hands on: the run (`RunContext`) and its output (`StageOutput`).
 
-A stage is `run(ctx, [item,] **reads) -> StageOutput | None` in its package's `stage` module
-(stages/clean/stage.py, stages/evaluate/stage.py, ...): `ctx` is the run, `reads` the outputs of the stages
-it reads, by name, as flows/pipeline.py's PIPELINE lists them. No Prefect here: the flow makes each
-one a task. Every stage caches by input hash in its own manifest (core/artifacts.py: `publish`), so
-calling one whose inputs have not changed is a no-op, and a stage that failed half-way left only a
-temp dir that the next call removes.
+A stage is `run(ctx, [item,] [settings,] **reads) -> StageOutput | None` in its package's `stage` module
+(stages/clean/stage.py, stages/evaluate/stage.py, ...): `ctx` is the run, `settings` its own run-config
+section, `reads` the outputs of the stages it reads, by name, as flows/pipeline.py's PIPELINE lists them.
+No Prefect here: the flow makes each one a task. Every stage caches by input hash in its own manifest
+(core/artifacts.py: `publish`), so calling one whose inputs have not changed is a no-op, and a stage that
+failed half-way left only a temp dir that the next call removes.
 """
 
 from __future__ import annotations
@@ -63,13 +63,11 @@ class StageOutput:
 
 
 class RunSettings(Protocol):
-    """A run's settings as the stages see them: `force`, and a section per stage (`ctx.cfg.train`,
-    `ctx.cfg.gate`, ...) that the stage reads by its own name. The flow's RunConfig is one; core names
-    no flow."""
+    """The run-wide settings a stage may read besides its own section, which the pipeline hands it as
+    `settings=` (flows/pipeline.py). The flow's RunConfig is one; core names no flow."""
 
-    force: bool
-
-    def __getattr__(self, section: str) -> Any: ...
+    force: bool  # recompute every stage
+    logs: str  # raw logs to ingest instead of simulating; empty: simulated
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 GRACE_SECONDS = 10.0
 STACKS_SIGNAL = signal.SIGUSR1  # a dssm command prints every thread's stack on it (signals_stop)
 _requested = threading.Event()
+_began = [0.0]  # when the stop began (time.monotonic()), for what is left of its grace
 _last_words: list = []  # what the watchdog does before it ends the process (at_deadline)
 
 
@@ -90,6 +91,7 @@ def begin(signum: int, grace: float = GRACE_SECONDS) -> None:
     if _requested.is_set():
         return
     _requested.set()
+    _began[0] = time.monotonic() - (GRACE_SECONDS - grace)  # a shorter grace: as if begun that much earlier
     log.warning("%s: stopping (at most %.0f s)", signal.Signals(signum).name, grace)
     threading.Thread(target=_deadline, args=(signum, grace), name="dssm-stop", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
@@ -155,11 +157,16 @@ def _exit(signum: int) -> None:
     os._exit(128 + signum)
 
 
-def end_children(wait: float = 3.0) -> None:
-    """End what this process started (Spark's JVM, torchrun) before it exits on a stop: a JVM left to its
-    own shutdown hooks after its Python went away stayed up ~75 s finishing a stage nobody waits for."""
+def end_children(wait: float | None = None) -> None:
+    """End what this process started (Spark's JVM, torchrun, a scheduler's flow runs) before it exits on a
+    stop: a JVM left to its own shutdown hooks after its Python went away stayed up ~75 s finishing a stage
+    nobody waits for. Those still running get SIGTERM and, unless `wait` is given, what is left of the stop's
+    grace to finish their own stop (a flow run reports itself crashed and closes its MLflow runs: killed
+    after 3 s, a loaded machine's scheduled run was left RUNNING); then SIGKILL."""
     import psutil
 
+    if wait is None:
+        wait = max(1.0, GRACE_SECONDS - 1.0 - (time.monotonic() - _began[0])) if _requested.is_set() else 3.0
     with contextlib.suppress(psutil.Error):
         end_processes(psutil.Process().children(recursive=True), wait)
 

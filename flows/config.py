@@ -2,9 +2,11 @@
 
 `dssm run --config run.yaml negatives.seed=7 train.optim.lr=0.05` resolves it like the training
 config (core/config.py): unknown keys are an error, values take the field's type. The stage
-sections are the stages' own config dataclasses (`train` is the training config itself, plus how
-the flow runs it), so a new stage option is one field in its stage's dataclass and is at once
-settable here, shown in the Prefect UI, saved in WORKDIR/report.json and logged to MLflow.
+sections are the stages' own config dataclasses, each in its stage's folder (stages/NAME/config.py), so a
+new stage option is one field in its stage's dataclass and is at once settable here, shown in the
+Prefect UI, saved in WORKDIR/report.json and logged to MLflow. A section's module may hold
+`check_config(section)`, the one settings check, which `check_config(run config)` calls for every
+section before any stage runs.
 """
 
 from __future__ import annotations
@@ -17,16 +19,15 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from core.config import apply, field_values, flat, load, nest, parse_overrides
+from core.config import apply, flat, load, nest, parse_overrides
 from core.errors import DssmError
 from core.judgments import JudgedSetSpec
 from core.options import leaves
-from modeling.config import TrainSettings
 from service.config import ServeConfig
-from stages.analyze.config import AnalyzeSettings
+from stages.analyze.config import AnalyzeConfig
 from stages.clean.config import CleanConfig
-from stages.evaluate.config import EvaluateSettings
-from stages.gate.config import GateConfig
+from stages.evaluate.config import EvaluateStageConfig
+from stages.gate.config import GateStageConfig
 from stages.index.config import IndexConfig
 from stages.judge.config import JudgeConfig
 from stages.mine.config import MineConfig
@@ -34,56 +35,14 @@ from stages.negatives.config import NegativesConfig
 from stages.propensity.config import PropensityConfig
 from stages.simulate.config import SimulationConfig
 from stages.teacher.config import TeacherConfig
+from stages.train.config import TrainConfig
 from stages.vocab.config import VocabConfig
-
-DEVICES = ("cpu", "cuda")  # what a train.per_encoder entry ENCODER@DEVICE may name
 
 
 @dataclass
 class JudgmentsSection:
     path: str = ""  # a judged set (CSV/TSV or a .zip of one); empty: the embedded default catalogue
     spec: JudgedSetSpec = field(default_factory=JudgedSetSpec)
-
-
-@dataclass
-class TrainSection(TrainSettings):
-    """The training recipe (modeling/config.py, every `dssm train` key but where a run reads and writes:
-    `train.optim.lr`, `train.epochs`, ...) plus how the flow runs it. The flow fills in the rest for
-    each model: its data paths, run directory and store."""
-
-    models: list[str] = field(default_factory=list)  # encoders trained side by side; empty: model.encoder alone
-    # training KEY=VALUEs for one encoder only, over the rest of this section, e.g. {minilm: [data.batch_size=64]};
-    # an entry ENCODER@cuda (or @cpu) applies over ENCODER's when the model trains on that device (docs/flows.md)
-    per_encoder: dict[str, list[str]] = field(default_factory=dict)
-    nproc: int = 0  # processes under torchrun; 0: one per GPU, else 1
-    warm_start: bool = True  # windowed runs: start from the champion when compatible (docs/flows.md)
-    warm_min_overlap: float = 0.5  # ... when its vocabulary holds at least this share of the new one's tokens
-
-    def encoders(self) -> list[str]:
-        return list(dict.fromkeys(self.models)) or [self.model.encoder]
-
-    def for_encoder(self, encoder: str, device: str = "cpu") -> TrainSettings:
-        """The recipe of one model on `device` (cpu or cuda): this section without the flow's own keys,
-        with the encoder's `per_encoder` KEY=VALUEs applied, then those of ENCODER@DEVICE."""
-        from dataclasses import replace
-
-        recipe = TrainSettings(**field_values(self, TrainSettings))
-        recipe = replace(recipe, model=replace(recipe.model, encoder=encoder))
-        for entry in (encoder, f"{encoder}@{device}"):
-            recipe = apply(recipe, parse_overrides(self.per_encoder.get(entry, [])), f"train.per_encoder.{entry}.")
-        return recipe
-
-
-@dataclass
-class EvaluateSection(EvaluateSettings):
-    """`dssm evaluate`'s settings with the flow's defaults, and whether to fit hybrids."""
-
-    # each hybrid: scorers joined by +, from bm25, minilm (the bundled all-MiniLM-L6-v2), MODEL (each trained model)
-    # or a trained model's name (minilm-ft); the default's 3-way fusion: docs/studies/pretrained-fusion-distillation.md
-    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25", "MODEL+bm25+minilm"])
-    # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
-    retrieval: bool = True
-    hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
 
 
 @dataclass
@@ -103,13 +62,11 @@ class RunConfig:
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     mine: MineConfig = field(default_factory=MineConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    train: TrainSection = field(default_factory=TrainSection)
-    evaluate: EvaluateSection = field(default_factory=EvaluateSection)
-    # the flow's gate compares full-catalogue retrieval NDCG@10 by default: what the index stage serves to dssm search
-    gate: GateConfig = field(default_factory=lambda: GateConfig(metric="retrieval_ndcg@10"))
-    catalogue: str = ""  # titles to index: Parquet/CSV with a `title` column; empty: the clean stage's title pool
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateStageConfig = field(default_factory=EvaluateStageConfig)
+    gate: GateStageConfig = field(default_factory=GateStageConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
-    analyze: AnalyzeSettings = field(default_factory=AnalyzeSettings)
+    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)  # `dssm serve --config RUN.yaml` (the flow runs no server)
     # optional stages not to run, by name: mine, teacher, index, analyze (`dssm run --help` marks them)
     skip: list[str] = field(default_factory=list)
@@ -149,7 +106,7 @@ class RunConfig:
             self,
             workdir=resolved(self.workdir),
             logs=resolved(self.logs),
-            catalogue=resolved(self.catalogue),
+            index=replace(self.index, catalogue=resolved(self.index.catalogue)),
             judgments=replace(self.judgments, path=resolved(self.judgments.path)),
         )
 
@@ -175,7 +132,7 @@ def load_run_config(
     cfg = load(RunConfig(), path)
     cfg = apply(cfg, options or {})
     cfg = apply(cfg, parse_overrides(overrides or []))
-    validate(cfg)
+    check_config(cfg)
     return settled(cfg)
 
 
@@ -212,9 +169,8 @@ _FLAGS: dict[str, str] = {
     "--baselines": "evaluate.baselines",
     "--mlflow-uri": "mlflow_uri",
     "--master": "spark_master",
-    "--catalogue": "catalogue",
+    "--catalogue": "index.catalogue",
 }
-_SKIPS = {"--no-index": "index", "--no-analyze": "analyze"}  # shorthands for naming a stage in `skip`
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -247,8 +203,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="training config keys without their train. prefix, e.g. --train optim.lr=0.05 epochs=10 (put other "
         "KEY=VALUEs before it)",
     )
-    for flag, stage in _SKIPS.items():
-        g.add_argument(flag, dest="skips", action="append_const", const=stage, help=f"skip the {stage} stage [skip]")
+    from flows.pipeline import optional_stages
+
+    for stage in optional_stages():  # shorthands for naming a stage in `skip`
+        g.add_argument(
+            f"--no-{stage}", dest="skips", action="append_const", const=stage, help=f"skip the {stage} stage [skip]"
+        )
     g.add_argument("--force", dest="force", action="store_true", default=argparse.SUPPRESS, help=run_keys["force"][1])
 
 
@@ -263,58 +223,22 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return replace(cfg, skip=list(dict.fromkeys([*cfg.skip, *(getattr(args, "skips", None) or [])])))
 
 
-def flat_keys(nested: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys of a nested dict (parsed KEY=VALUEs)."""
-    keys = []
-    for key, value in nested.items():
-        keys += flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
-    return keys
-
-
-def validate(cfg: RunConfig) -> None:
-    from modeling.config import validate as validate_training
-
-    for encoder, pairs in cfg.train.per_encoder.items():
-        if "model.encoder" in flat_keys(parse_overrides(pairs)):
-            raise DssmError(f"train.per_encoder.{encoder}: model.encoder is the entry's own name; leave it out")
-    from modeling.encoders import ENCODERS
-
-    entries = [m.partition("@") for m in cfg.train.per_encoder]
-    unknown = [m for m in cfg.train.models if m not in ENCODERS] + [e for e, _, _ in entries if e not in ENCODERS]
-    if unknown:
-        raise DssmError(f"train.models: unknown encoder(s) {', '.join(unknown)}; choose from {', '.join(ENCODERS)}")
-    devices = [f"{e}@{d}" for e, at, d in entries if at and d not in DEVICES]
-    if devices:
-        raise DssmError(f"train.per_encoder: {', '.join(devices)}: the device after @ is one of {', '.join(DEVICES)}")
-    from modeling.config import check_device
-
-    for encoder in dict.fromkeys([*cfg.train.encoders(), *(e for e, _, _ in entries)]):
-        for device in DEVICES:  # a bad training setting fails before any stage runs, whatever the machine
-            recipe = cfg.train.for_encoder(encoder, device)
-            validate_training(recipe)  # an explicit `device` checked there; auto may meet either
-            if recipe.device == "auto":
-                check_device(recipe, device)
+def check_config(cfg: RunConfig) -> None:
+    """The whole run config, before any stage runs: each section by its module's `check_config`, then the
+    run's own keys."""
     from flows.pipeline import optional_stages
-    from stages.evaluate.config import check_settings
 
-    check_settings(cfg.evaluate)
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        check = getattr(sys.modules.get(type(value).__module__), "check_config", None)
+        if dataclasses.is_dataclass(value) and check not in (None, check_config):  # a stage's, not this one
+            check(value)
     unknown = [s for s in cfg.skip if s not in optional_stages()]
     if unknown:
         optional = ", ".join(optional_stages())
         raise DssmError(f"skip: {', '.join(unknown)} cannot be skipped; the optional stages: {optional}")
-    for section in dataclasses.fields(cfg):  # a stage's config module may hold check_config(its section)
-        value = getattr(cfg, section.name)
-        check = getattr(sys.modules.get(type(value).__module__), "check_config", None)
-        if dataclasses.is_dataclass(value) and check is not None:
-            check(value)
-    if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
-        raise DssmError(f"catalogue {cfg.catalogue}: not found")
     if cfg.simulate.impressions < 1:
         raise DssmError(f"simulate.impressions must be positive, got {cfg.simulate.impressions}")
     if cfg.window_days < 0:
         raise DssmError(f"window_days must be >= 0, got {cfg.window_days}")
     cfg.window()  # a bad run_date fails here
-    if cfg.train.nproc < 0:
-        raise DssmError(f"train.nproc must be >= 0, got {cfg.train.nproc}")
-    if cfg.train.epochs < 1:  # before the training config was the train section, 0 meant "its default"
-        raise DssmError(f"train.epochs must be >= 1 (the default is {TrainSettings().epochs}), got {cfg.train.epochs}")

@@ -9,8 +9,12 @@ the outputs of stages before it by name, with `TrainingRows()` the output of the
 before this run's index stage rebuilds it). A stage runs unless its `when` finds nothing to do, or it
 is `optional` and the run config's `skip` names it: the one way to switch a stage off.
 
-Adding a stage: its package's `stage` module with `run(ctx, **reads) -> StageOutput` (beside its
-config and job), one entry here, one field in the run config, one row in docs/architecture.md
+A stage's `run` is handed its own run-config section (`settings=`, the entry's `section`). What a stage
+does for the run besides its output is a hook in its `stage` module, found by name (HOOKS); the flow
+names no stage.
+
+Adding a stage: its package's `stage` module with `run(ctx, [settings,] **reads) -> StageOutput` (beside
+its config and job), one entry here, one field in the run config, one row in docs/architecture.md
 (the walk-through: docs/architecture.md#adding-a-stage).
 """
 
@@ -49,6 +53,22 @@ def _always(ctx: RunContext) -> bool:
     return True
 
 
+# What a stage's `stage` module may define besides `run`, each called by the flow for a stage that runs:
+HOOKS = {
+    # prepare(ctx, settings) -> RunContext, before any stage runs: what the run must decide first (judge:
+    # the day held out of training, which clean already leaves out)
+    "prepare": "before the walk",
+    # log_to_training_runs(ctx, output, run_ids) -> None, after the walk: what the stage adds to the MLflow
+    # runs of the models this run trained (the stages marked `trains_models`), skipped training included
+    "log_to_training_runs": "after the walk",
+    # report(output) -> dict, after the walk: the keys the stage adds to WORKDIR/report.json
+    "report": "into report.json",
+    # printed(summary) -> list[str]: the lines `dssm run` prints for the stage under its stage table, from
+    # the run's summary (report.json)
+    "printed": "by dssm run",
+}
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -56,7 +76,7 @@ class Stage:
     # for another function of it, or that function; run returns None when there is nothing to do this time
     code: str | Callable[..., StageOutput | None]
     doc: str  # one line: what it makes (dssm run --help)
-    section: str = ""  # the run config section that configures it (shown in --help)
+    section: str = ""  # its run-config section: handed to `run` as `settings=`, shown in --help
     reads: tuple[str | TrainingRows | Earlier, ...] = ()  # earlier stages' outputs, passed by name
     when: Callable[[RunContext], bool] = _always  # whether its inputs and settings leave it anything to do
     unless: str = ""  # when it does not run (logged, and shown in --help)
@@ -66,6 +86,10 @@ class Stage:
     retried: bool = False  # talks to services (a Spark cluster, an MLflow server): transient failures retry
     trains_on: bool = False  # its output is what the models train on: the last such tags the run's data_version
     judges: bool = False  # its output holds the run's judged set: hashed once written, it tags the run's dataset
+    # its outputs are trained models, each naming its MLflow training run (counts' mlflow_run_id): the run
+    # config and the other stages' log_to_training_runs go there
+    trains_models: bool = False
+    then: str = ""  # what `dssm run` suggests next when the stage ran ({workdir}: the run's work dir)
 
     def run(self) -> Callable[..., StageOutput | None]:
         if callable(self.code):
@@ -74,6 +98,19 @@ class Stage:
 
         module, _, function = self.code.partition(":")
         return getattr(importlib.import_module(module), function or "run")
+
+    def hook(self, name: str) -> Callable[..., Any] | None:
+        """The stage module's hook `name` (one of HOOKS), None when it defines none."""
+        assert name in HOOKS, name
+        if callable(self.code):
+            return None
+        import importlib
+
+        return getattr(importlib.import_module(self.code.partition(":")[0]), name, None)
+
+    def settings(self, ctx: RunContext) -> dict[str, Any]:
+        """`run`'s `settings=`: the stage's own run-config section; nothing for a stage without one."""
+        return {"settings": getattr(ctx.cfg, self.section)} if self.section else {}
 
     def arg_names(self) -> list[str]:
         return [r if isinstance(r, str) else r.arg for r in self.reads]
@@ -173,6 +210,7 @@ PIPELINE: tuple[Stage, ...] = (
         section="train",
         reads=(TrainingRows(), "vocab"),
         each=lambda ctx: ctx.cfg.train.encoders(),
+        trains_models=True,
     ),
     Stage(
         "evaluate",
@@ -214,6 +252,7 @@ PIPELINE: tuple[Stage, ...] = (
         unless="no evaluation",
         optional=True,
         retried=True,
+        then='search the champion\'s index: dssm search --workdir {workdir} "cordless drill"',
     ),
     Stage(
         "analyze",
@@ -258,6 +297,24 @@ def planned(pipeline: tuple[Stage, ...], ctx: RunContext) -> int:
     return sum(len(s.each(ctx)) if s.each else 1 for s in pipeline if s.runs(ctx))
 
 
+def prepared(pipeline: tuple[Stage, ...], ctx: RunContext) -> RunContext:
+    """The run after each stage that will run has had its `prepare` hook, in order."""
+    for stage in pipeline:
+        prepare = stage.hook("prepare") if stage.runs(ctx) else None
+        if prepare is not None:
+            ctx = prepare(ctx, **stage.settings(ctx))
+    return ctx
+
+
+def outputs_of(pipeline: tuple[Stage, ...], outputs: dict[str, Any]) -> list[tuple[Stage, StageOutput]]:
+    """Each stage's outputs of a walk (one per item for `each` stages), in pipeline order."""
+    found = []
+    for stage in pipeline:
+        out = outputs.get(stage.name)
+        found += [(stage, o) for o in (out if isinstance(out, list) else [out]) if o is not None]
+    return found
+
+
 def walk(
     pipeline: tuple[Stage, ...],
     ctx: RunContext,
@@ -276,6 +333,7 @@ def walk(
             outputs[stage.name] = [] if stage.each else None
             continue
         reads = {name: _read(r, outputs, ctx, pipeline) for name, r in zip(stage.arg_names(), stage.reads, strict=True)}
+        reads |= stage.settings(ctx)
         as_task = task(stage.run(), name=stage.name, **task_options(stage))
         if stage.each:
             outputs[stage.name] = []

@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +34,7 @@ from core.tracking import default_tracking_uri, nested_under
 from flows.config import RunConfig
 from flows.guardian import ephemeral_api_gone
 from flows.parent_run import close_parent, close_parent_on_the_way_out, drop_if_empty, open_parent
-from flows.pipeline import PIPELINE, Stage, planned, walk
-from stages.train.stage import default_nproc
+from flows.pipeline import PIPELINE, Stage, outputs_of, planned, prepared, walk
 
 
 @contextmanager
@@ -47,12 +45,15 @@ def exclusive(work: Path) -> Iterator[None]:
 
 
 def context(cfg: RunConfig) -> RunContext:
-    """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks."""
+    """The run, resolved once: judged set (hashed, named), one MLflow store, the window, the ranks, then what
+    the stages that will run prepare (their `prepare` hooks)."""
     from core.judgments import DEFAULT_CATALOGUE, click_judged_set, clicks_dataset_name
+    from modeling.distributed import default_nproc
 
     layout = Layout(cfg.workdir)
-    if cfg.judged_by_clicks():  # graded from the logs' clicks by the judge stage: hashed once written
-        judged = click_judged_set(layout.output("judge"), "", clicks_dataset_name(cfg.logs))
+    if cfg.judged_by_clicks():  # graded from the logs' clicks by the stage that `judges`: hashed once written
+        grader = next(stage for stage in PIPELINE if stage.judges)
+        judged = click_judged_set(layout.output(grader.name), "", clicks_dataset_name(cfg.logs))
     else:
         judged = resolve_judged_set(cfg.judgments.path, cfg.judgments.spec, DEFAULT_CATALOGUE)
     ctx = RunContext(
@@ -64,11 +65,7 @@ def context(cfg: RunConfig) -> RunContext:
         window=cfg.window(),
         nproc=cfg.train.nproc or default_nproc(),
     )
-    if not cfg.judged_by_clicks():
-        return ctx
-    from stages.judge.stage import held_out_day
-
-    return replace(ctx, test_day=held_out_day(ctx))
+    return prepared(PIPELINE, ctx)
 
 
 @flow(name="retrain", description="simulate or ingest click logs, then every stage of flows/pipeline.py's PIPELINE")
@@ -80,12 +77,9 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
     """
     from tqdm import tqdm
 
-    from core.artifacts import read_manifest
-    from flows.config import settled, validate
-    from scoring.serving import read_gate
-    from stages.evaluate.job import read_report
+    from flows.config import check_config, settled
 
-    validate(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
+    check_config(config)  # a deployment's parameter (the UI, prefect.yaml) skips `dssm run`'s loader: check it here
     config = settled(config)
     logger = get_run_logger()
     ctx = context(config)
@@ -119,19 +113,14 @@ def retrain(config: RunConfig = RunConfig()) -> dict[str, Any]:  # noqa: B008 (a
             try:
                 with nested_under(parent):
                     outputs = walk(PIPELINE, ctx, finished, logger)
-                log_config(config, ctx.mlflow_uri, done)
-                if outputs.get("propensity"):
-                    log_propensity(ctx.mlflow_uri, outputs["propensity"].path, done)
-                if ctx.window:
-                    log_window(ctx.mlflow_uri, ctx.window, outputs["clean"].path, done, ctx.test_day)
-                evaluated, gated = outputs.get("evaluate"), outputs.get("gate")
-                report = None
-                if evaluated is not None:
-                    report = read_report(Path(evaluated.path)) | {"seconds": round(evaluated.seconds, 1)}
-                    report |= {"skipped": True} if evaluated.skipped else {}
-                    report |= {"gate": read_gate(Path(gated.path))} if gated is not None else {}
-                    trend = (read_manifest(Path(gated.path)) or {}).get("trend") if gated is not None else None
-                    report |= {"gate_trend": trend} if trend else {}
+                run_ids = training_runs(outputs)
+                log_config(config, ctx.mlflow_uri, run_ids)
+                report: dict[str, Any] = {}
+                for stage, out in outputs_of(PIPELINE, outputs):  # the stages' hooks after the walk
+                    if log := stage.hook("log_to_training_runs"):
+                        log(ctx, out, run_ids)
+                    if add := stage.hook("report"):
+                        report |= add(out)
                 kept = drop_if_empty(ctx.mlflow_uri, parent)
                 summary = write_summary(ctx.layout, config, done, report, parent if kept else None)
                 if kept:
@@ -160,62 +149,26 @@ def flow_run_tags(ctx: RunContext) -> tuple[str, str, dict[str, str]]:
     return flow_run.get_id() or "", f"flow-{day}{name}", tags
 
 
-def training_runs(done: list[dict]) -> list[str]:
-    """The MLflow run ids of this flow run's training stages (made or reused)."""
-    trained = [out["counts"].get("mlflow_run_id") for out in done if out["stage"] == "train"]
+def training_runs(outputs: dict[str, Any]) -> list[str]:
+    """The MLflow run ids of the models this flow run trained or reused (the stages marked `trains_models`)."""
+    trained = [out.counts.get("mlflow_run_id") for stage, out in outputs_of(PIPELINE, outputs) if stage.trains_models]
     return [run_id for run_id in trained if run_id]
 
 
-def log_config(cfg: RunConfig, mlflow_uri: str, done: list[dict]) -> None:
+def log_config(cfg: RunConfig, mlflow_uri: str, run_ids: list[str]) -> None:
     """The resolved run config as `run_config.json` of every MLflow training run this flow run made or reused."""
     client = mlflow_client(mlflow_uri)
     text = json.dumps(cfg.to_dict(), indent=2, default=str)
-    for run_id in training_runs(done):
+    for run_id in run_ids:
         client.log_text(run_id, text, "run_config.json")
 
 
-def log_propensity(mlflow_uri: str, propensity_dir: str, done: list[dict]) -> None:
-    """The position-bias curve the logs showed (examination per rank, relative to rank 1) as
-    metrics `examination_rank_K` and the curve's JSON and plot, in every training run of this flow run."""
-    from stages.propensity.job import CURVE_FILE, PLOT_FILE, read_curve
-
-    client = mlflow_client(mlflow_uri)
-    curve = read_curve(Path(propensity_dir))
-    for run_id in training_runs(done):
-        for rank, value in zip(curve["ranks"], curve["examination"], strict=True):
-            client.log_metric(run_id, f"examination_rank_{rank}", value)
-        for name in (CURVE_FILE, PLOT_FILE):
-            client.log_artifact(run_id, str(Path(propensity_dir) / name), "propensity")
-
-
-def log_window(mlflow_uri: str, window: list[str], clean_dir: str, done: list[dict], test_day: str = "") -> None:
-    """A windowed run's dates and partition hashes (the days summed: not the time split's test day,
-    tagged `test_day`) as dataset inputs and tags of its training runs
-    (evaluation tags the versions it registers with the run date). Logged on every run, skipped
-    training included: MLflow keeps one input per dataset digest, so a run killed before this point
-    is completed by its rerun. The tags stay those of the night that trained it: a later night that skipped
-    the training (its days less its test day were the same) adds none."""
-    from core.tracking import log_datasets
-    from stages.clean.window import window_inputs
-
-    client = mlflow_client(mlflow_uri)
-    days = window_inputs(Path(clean_dir))
-    night = {"window": f"{window[0]}..{window[-1]}", "run_date": window[-1]}
-    night |= {"test_day": test_day} if test_day else {}
-    for run_id in training_runs(done):
-        log_datasets(mlflow_uri, run_id, [(name, path, sha, "training") for name, path, sha in days])
-        tagged = client.get_run(run_id).data.tags
-        for key, value in night.items():
-            if key not in tagged:
-                client.set_tag(run_id, key, value)
-
-
 def write_summary(
-    layout: Layout, cfg: RunConfig, done: list[dict], report: dict | None, parent: str | None = None
+    layout: Layout, cfg: RunConfig, done: list[dict], report: dict[str, Any], parent: str | None = None
 ) -> dict[str, Any]:
     """WORKDIR/report.json: PROTOCOL.md §6's report, the resolved run config and the pipeline's stages
     (with the flow run's id and its MLflow parent run's, None when no run was made), written atomically."""
-    summary = dict(report or {})
+    summary = dict(report)
     summary["config"] = cfg.to_dict()
     summary["pipeline"] = {"flow_run_id": flow_run.get_id(), "mlflow_parent_run_id": parent, "stages": done}
     path = layout.report

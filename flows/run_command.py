@@ -62,6 +62,7 @@ def command(args) -> None:
 
     from flows.config import config_from_args
     from flows.guardian import start_guardian
+    from flows.pipeline import PIPELINE
     from flows.retrain import retrain
 
     cfg = config_from_args(args)
@@ -77,9 +78,11 @@ def command(args) -> None:
         state = "skipped " if out["skipped"] else f"{out['seconds']:6.1f}s "
         shown = ", ".join(f"{k} {_number(v)}" for k, v in out["counts"].items())
         print(f"  {out['stage']:<10} {state} {out['path']}  ({shown})")
-    for gate in summary.get("gate", []):
-        decision = "promoted" if gate["promoted"] else "kept"
-        print(f"  {gate['model']} v{gate['version']} ({gate['system']}): {decision} ({gate['reason']})")
+    ran = [stage for stage in PIPELINE if stage.name in {out["stage"] for out in summary["pipeline"]["stages"]}]
+    for stage in ran:
+        if printed := stage.hook("printed"):
+            print("\n".join(printed(summary)))
     print(f"report: {layout.report}")
-    if any(out["stage"] == "index" for out in summary["pipeline"]["stages"]):
-        print(f'search the champion\'s index: dssm search --workdir {cfg.workdir} "cordless drill"')
+    for stage in ran:  # what to do next with what a stage made
+        if stage.then:
+            print(stage.then.format(workdir=cfg.workdir))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from core.errors import DssmError, naming_full_disk
-from modeling.config import TrainConfig, load_config
+from modeling.config import TrainJob, load_config
 from modeling.encoders import tokenizer_for
 from modeling.hashing import Tokenizer, Vocab
 from modeling.model import TwoTower, embedding_tables
@@ -180,7 +180,7 @@ def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainConfig]:
+def load_model(path: Path | str) -> tuple[TwoTower, Tokenizer, TrainJob]:
     """A trained model in eval mode, its tokenizer and its config, from a checkpoint or run dir."""
     state = read_checkpoint(Path(path))
     cfg = load_config(base=state["config"])

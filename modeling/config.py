@@ -57,7 +57,7 @@ OBJECTIVES = typing.get_args(typing.get_type_hints(LossConfig)["objective"])
 
 
 @dataclass
-class DataSettings:
+class DataConfig:
     # global examples per step, split evenly over ranks and shards
     batch_size: Annotated[int, Between(1, 10_000_000)] = 256
     # rows per shard shuffled together (shards are written sorted by query)
@@ -74,15 +74,15 @@ class DataSettings:
 
 
 @dataclass
-class DataConfig(DataSettings):
+class DataInputs(DataConfig):
     negatives: str = ""  # a `dssm negatives` output (train/, valid/); empty: WORKDIR/negatives
     vocab: str = ""  # a `dssm vocab` output (trigrams/); empty: WORKDIR/vocab
 
 
 @dataclass
-class TrainSettings:
+class TrainRecipe:
     """The recipe: what a run learns and how. The retrain flow's `train` section embeds exactly this;
-    TrainConfig adds where one run reads and writes, which the flow fills in for each model."""
+    TrainJob adds where one run reads and writes, which the flow fills in for each model."""
 
     epochs: Annotated[int, Between(1, 100_000)] = 5  # passes over the training rows
     max_steps: int = 0  # stop after this many updates (0: run all epochs)
@@ -101,7 +101,7 @@ class TrainSettings:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    data: DataSettings = field(default_factory=DataSettings)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,10 +112,10 @@ class TrainSettings:
 
 
 @dataclass
-class TrainConfig(TrainSettings):
+class TrainJob(TrainRecipe):
     """One training run: the recipe plus its plumbing (the data paths, the run directory, the store)."""
 
-    data: DataConfig = field(default_factory=DataConfig)  # the recipe's data settings and the paths read
+    data: DataInputs = field(default_factory=DataInputs)  # the recipe's data settings and the paths read
     out: str = ""  # run directory: checkpoints and the resolved config; empty: WORKDIR/train/ENCODER
     # tracking URI; empty: sqlite under the run directory's parent (the work dir); none: no MLflow run (benchmarks)
     mlflow_uri: str = ""
@@ -124,23 +124,23 @@ class TrainConfig(TrainSettings):
 
     @classmethod
     def of(
-        cls, settings: TrainSettings, negatives: str, vocab: str, *, mlflow_uri: str, experiment: str, dataset: str
-    ) -> TrainConfig:
+        cls, settings: TrainRecipe, negatives: str, vocab: str, *, mlflow_uri: str, experiment: str, dataset: str
+    ) -> TrainJob:
         """A run of `settings` on the `negatives` and `vocab` outputs, filed in `experiment` of the
         store at `mlflow_uri` under `dataset`; `out` is left to the work dir's default."""
-        data = DataConfig(**field_values(settings.data, DataSettings), negatives=negatives, vocab=vocab)
+        data = DataInputs(**field_values(settings.data, DataConfig), negatives=negatives, vocab=vocab)
         filed = {"mlflow_uri": mlflow_uri, "experiment": experiment, "dataset": dataset}
-        return cls(**field_values(settings, TrainSettings) | {"data": data} | filed)
+        return cls(**field_values(settings, TrainRecipe) | {"data": data} | filed)
 
 
-def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+def load_config(path: Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> TrainJob:
     """Defaults, then `base` (e.g. a checkpoint's config), then the YAML file, then overrides."""
-    cfg = load(TrainConfig(), path, overrides, base)
-    validate(cfg)
+    cfg = load(TrainJob(), path, overrides, base)
+    check_config(cfg)
     return cfg
 
 
-def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
+def config_changes(stored: dict[str, Any], cfg: TrainJob) -> list[str]:
     """How `cfg` differs from a checkpoint's saved config, as "key old -> new". Keys added to the
     config since the checkpoint was written read as their defaults, which keep the behaviour it had,
     so a code update alone does not make a finished run stale."""
@@ -154,7 +154,7 @@ def config_changes(stored: dict[str, Any], cfg: TrainConfig) -> list[str]:
     return [f"{k} {before.get(k)!r} -> {v!r}" for k, v in now.items() if before.get(k) != v]
 
 
-def optimizer_name(cfg: TrainSettings) -> str:
+def optimizer_name(cfg: TrainRecipe) -> str:
     """`optim.name`, with auto resolved: adamw for a transformer encoder, else nesterov (Algorithm 1)."""
     from modeling.encoders import ENCODERS
 
@@ -164,7 +164,7 @@ def optimizer_name(cfg: TrainSettings) -> str:
     return "adamw" if spec is not None and spec.transformer else "nesterov"
 
 
-def rows_are_exact(cfg: TrainSettings) -> bool:
+def rows_are_exact(cfg: TrainRecipe) -> bool:
     """Whether row-wise table updates equal the dense ones: untouched rows have a zero gradient, and the
     step size is constant (their drift is applied in closed form)."""
     o = cfg.optim
@@ -172,7 +172,7 @@ def rows_are_exact(cfg: TrainSettings) -> bool:
     return optimizer_name(cfg) == "nesterov" and o.weight_decay == 0 and cfg.loss.l2_embeddings == 0 and constant
 
 
-def validate(cfg: TrainSettings) -> None:
+def check_config(cfg: TrainRecipe) -> None:
     from modeling.encoders import ENCODERS  # lazily: importing this module imports no torch
 
     check_choices(cfg)
@@ -229,7 +229,7 @@ def validate(cfg: TrainSettings) -> None:
     check_device(cfg)
 
 
-def check_device(cfg: TrainSettings, device: str | None = None) -> None:
+def check_device(cfg: TrainRecipe, device: str | None = None) -> None:
     """What cannot run on the device (cfg.device, or `device` once resolved): TorchScript's loop on CUDA."""
     if (device or cfg.device) == "cuda" and cfg.model.impl == "script":
         raise DssmError(

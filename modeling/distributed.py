@@ -18,7 +18,7 @@ import torch.distributed as dist
 from core.errors import DssmError
 
 if TYPE_CHECKING:
-    from modeling.config import TrainConfig
+    from modeling.config import TrainJob
 
 
 @dataclass
@@ -32,7 +32,12 @@ class Dist:
         return self.rank == 0
 
 
-def device_kind(cfg: TrainConfig) -> str:
+def default_nproc() -> int:
+    """Training processes when none are asked for: one rank per GPU when there are GPUs, else one CPU process."""
+    return torch.cuda.device_count() or 1
+
+
+def device_kind(cfg: TrainJob) -> str:
     """ "cuda" or "cpu": what `pick_device` will choose, known before the process group exists."""
     return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
@@ -51,7 +56,7 @@ def close_distributed(d: Dist) -> None:
         dist.destroy_process_group()
 
 
-def pick_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+def pick_device(cfg: TrainJob, local_rank: int) -> torch.device:
     if device_kind(cfg) == "cuda":
         if not torch.cuda.is_available():
             raise DssmError("device=cuda but no CUDA device is visible")
@@ -80,7 +85,7 @@ def summed_over_ranks(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
-def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainConfig, d: Dist) -> int:
+def fixed_bytes_sent(model: torch.nn.Module, cfg: TrainJob, d: Dist) -> int:
     """Bytes a rank sends per step in collectives of fixed size: DDP's ring all-reduce of the
     gradients it manages (2(W−1)/W of their size) and, with in-batch negatives, the all-gather of
     the clicked titles' vectors and its backward all-reduce, and with `mask_in_batch` the all-gather

@@ -20,7 +20,7 @@ from pathlib import Path
 from core.errors import DssmError
 from core.machine import cpus_per_process
 from modeling.checkpoint import newest_checkpoint
-from modeling.config import TrainConfig, load_config
+from modeling.config import TrainJob, load_config
 from modeling.data import plan, train_files
 from modeling.distributed import exit_rank
 from modeling.train import resolve_paths, train
@@ -28,10 +28,10 @@ from modeling.train import resolve_paths, train
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from core.options import HelpFormatter, keys_text
-    from modeling.config import OBJECTIVES, TrainConfig
+    from modeling.config import OBJECTIVES, TrainJob
 
     p.formatter_class = HelpFormatter
-    p.epilog = keys_text(TrainConfig, "keys (KEY=VALUE, or in a --config YAML; docs/training.md#every-key):")
+    p.epilog = keys_text(TrainJob, "keys (KEY=VALUE, or in a --config YAML; docs/training.md#every-key):")
     p.add_argument(
         "overrides",
         nargs="*",
@@ -75,7 +75,7 @@ def objective_overrides(objective: str | None) -> list[str]:
     return [f"loss.objective={objective}"] if objective else []
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace) -> TrainJob:
     """Defaults < --config < overrides; with --resume, the checkpoint's config replaces the defaults."""
     overrides = objective_overrides(args.objective) + list(args.overrides)
     cfg = resolve_paths(load_config(args.config, overrides), args.workdir)
@@ -104,7 +104,7 @@ def command(args: argparse.Namespace) -> None:
     )
 
 
-def launch(nproc: int, cfg: TrainConfig, resume: bool = False, on_change: str | None = None) -> int:
+def launch(nproc: int, cfg: TrainJob, resume: bool = False, on_change: str | None = None) -> int:
     """Train the resolved `cfg` (paths filled: `resolve_paths`) under torchrun with `nproc` ranks;
     returns torchrun's exit status. resume, on_change: as `train`'s. The config reaches the ranks as
     a JSON file next to the run directory, removed when torchrun returns."""
@@ -148,7 +148,7 @@ def stop_group(proc, grace: float = 7.0) -> None:
     end_processes(family, wait=grace, signalled=[torchrun])
 
 
-def write_resolved(cfg: TrainConfig) -> Path:
+def write_resolved(cfg: TrainJob) -> Path:
     """`cfg` as JSON in `.OUT.config-PID.json` beside the run directory OUT, written atomically."""
     unresolved = [k for k in ("out", "mlflow_uri", "data.negatives", "data.vocab") if not cfg.flat().get(k)]
     if unresolved:
@@ -162,7 +162,7 @@ def write_resolved(cfg: TrainConfig) -> Path:
     return path
 
 
-def read_resolved(path: Path) -> TrainConfig:
+def read_resolved(path: Path) -> TrainJob:
     """The config `write_resolved` wrote, validated as any other."""
     return load_config(Path(path))  # JSON is YAML: core.config.read_yaml's checks and errors
 

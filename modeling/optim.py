@@ -13,11 +13,11 @@ import math
 import torch
 from torch import nn
 
-from modeling.config import OptimConfig, TrainConfig, optimizer_name, rows_are_exact
+from modeling.config import OptimConfig, TrainJob, optimizer_name, rows_are_exact
 from modeling.tables import HashingTable, TableRows, momentum_runs
 
 
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, train: TrainJob) -> torch.optim.Optimizer:
     cfg = train.optim
     params = [p for p in model.parameters() if p.requires_grad]
     name = optimizer_name(train)
@@ -52,7 +52,7 @@ def step_size_factor(step: int, total: int, cfg: OptimConfig) -> float:
     return 1.0
 
 
-def set_schedule(optimizer: torch.optim.Optimizer, step: int, total: int, train: TrainConfig) -> float:
+def set_schedule(optimizer: torch.optim.Optimizer, step: int, total: int, train: TrainJob) -> float:
     """The momentum (Nesterov) and step size of update `step` set on every parameter group; returns μ."""
     cfg = train.optim
     mu = momentum_at(step, total, cfg)
@@ -68,7 +68,7 @@ def set_schedule(optimizer: torch.optim.Optimizer, step: int, total: int, train:
 
 
 def table_rows(
-    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int, total: int, across_ranks: bool
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainJob, step: int, total: int, across_ranks: bool
 ) -> TableRows | None:
     """Row-wise updates of the model's word-hashing tables from update `step` on (None: dense)."""
     if cfg.optim.table_updates == "dense" or not rows_are_exact(cfg):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import DssmError
 from modeling.checkpoint import newest_checkpoint
-from modeling.config import TrainConfig, config_changes
+from modeling.config import TrainJob, config_changes
 
 if TYPE_CHECKING:
     from modeling.hashing import Vocab
@@ -29,7 +29,7 @@ class Start:
 
 
 def decide(
-    cfg: TrainConfig,
+    cfg: TrainJob,
     negatives: dict[str, Any],
     vocab: Vocab,
     code: str,

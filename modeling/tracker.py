@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from core.tracking import PARENT_TAG, experiment_id, log_datasets, parent_run_id, parent_tags
 
 if TYPE_CHECKING:
-    from modeling.config import TrainConfig
+    from modeling.config import TrainJob
 
 
 OFF = "none"  # mlflow_uri=none: a run logged nowhere (a throughput check on a machine without MLflow)
@@ -18,9 +18,7 @@ class Tracker:
     """MLflow on rank 0; one run per training run (resumed runs continue it). No-op elsewhere, and
     everywhere with mlflow_uri=none."""
 
-    def __init__(
-        self, cfg: TrainConfig, enabled: bool, run_id: str | None, tags: dict[str, str], datasets: list[tuple]
-    ):
+    def __init__(self, cfg: TrainJob, enabled: bool, run_id: str | None, tags: dict[str, str], datasets: list[tuple]):
         self.enabled = enabled and cfg.mlflow_uri != OFF
         self.run_id = run_id
         if not self.enabled:

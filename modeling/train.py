@@ -31,7 +31,7 @@ from core.machine import cpus_per_process
 from core.stopping import is_stop
 from core.tracking import default_tracking_uri
 from modeling.checkpoint import LAST, save_checkpoint, warm_start
-from modeling.config import TrainConfig, check_device
+from modeling.config import TrainJob, check_device
 from modeling.data import ClickBatches, plan, train_files
 from modeling.distributed import (
     Dist,
@@ -54,10 +54,11 @@ from modeling.tokens import load_or_build
 from modeling.tracker import Tracker
 
 log = logging.getLogger("dssm.train")
-LOADERS_ON_GPU = 2  # worker processes building a GPU run's batches (one: 370k LSTM-RNN examples/s on the 2-core VM)
+# worker processes building a GPU run's batches (one's rate: BENCHMARKS.md, the training input pipeline)
+LOADERS_ON_GPU = 2
 
 
-def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) -> dict[str, Any]:
+def train(cfg: TrainJob, resume: bool = False, on_change: str | None = None) -> dict[str, Any]:
     """Train one model; returns a summary (steps, losses, throughput, checkpoint, MLflow run id).
 
     resume: continue the checkpoint in cfg.out (else a checkpoint there is an error); on_change:
@@ -78,7 +79,7 @@ def train(cfg: TrainConfig, resume: bool = False, on_change: str | None = None) 
         close_distributed(d)
 
 
-def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
+def _train(cfg: TrainJob, on_change: str, d: Dist) -> dict[str, Any]:
     device = pick_device(cfg, d.local_rank)
     check_device(cfg, device.type)  # auto resolved: what cannot run there fails before anything is read
     torch.set_num_threads(cfg.threads or cpus_per_process(d.world))
@@ -114,7 +115,7 @@ def _train(cfg: TrainConfig, on_change: str, d: Dist) -> dict[str, Any]:
     return loop(setup(cfg, inputs, batches, total, start, device, d))
 
 
-def begin(cfg: TrainConfig, inputs: Inputs, total: int, on_change: str, d: Dist) -> Start:
+def begin(cfg: TrainJob, inputs: Inputs, total: int, on_change: str, d: Dist) -> Start:
     """Decide how the run begins (`decide`) and, for a stale run, delete its directory on rank 0."""
     start = decide(cfg, inputs.negatives_manifest, inputs.vocab, inputs.code, total, on_change, d.main)
     barrier(d)  # every rank has read the run directory before rank 0 may delete it
@@ -128,7 +129,7 @@ def begin(cfg: TrainConfig, inputs: Inputs, total: int, on_change: str, d: Dist)
 class Run:
     """What the loop needs, built by `setup`."""
 
-    cfg: TrainConfig
+    cfg: TrainJob
     d: Dist
     device: torch.device
     inputs: Inputs
@@ -150,7 +151,7 @@ class Run:
 
 
 def setup(
-    cfg: TrainConfig, inputs: Inputs, batches: ClickBatches, total: int, start: Start, device: torch.device, d: Dist
+    cfg: TrainJob, inputs: Inputs, batches: ClickBatches, total: int, start: Start, device: torch.device, d: Dist
 ) -> Run:
     """Model, optimiser (a resumed run's state loaded), DDP, MLflow run and validation rows."""
     model, optimizer, initial, step = build_model(cfg, inputs.vocab, start.state, device, d)
@@ -380,7 +381,7 @@ def validate(run: Run, step: int) -> float | None:
     return val
 
 
-def overdue(cfg: TrainConfig, saved_at: float) -> bool:
+def overdue(cfg: TrainJob, saved_at: float) -> bool:
     """Whether `checkpoint_seconds` of training passed since the last checkpoint (this rank's clock)."""
     return cfg.checkpoint_seconds > 0 and time.monotonic() - saved_at >= cfg.checkpoint_seconds
 
@@ -396,7 +397,7 @@ def checkpoint(run: Run, step: int, val: float | None) -> None:
     barrier(run.d)
 
 
-def resolve_paths(cfg: TrainConfig, workdir: Path | None) -> TrainConfig:
+def resolve_paths(cfg: TrainJob, workdir: Path | None) -> TrainJob:
     """`cfg` with the data, output and MLflow locations left empty filled from the work dir."""
     layout = Layout(workdir or "work")
     negatives, vocab = cfg.data.negatives or str(layout.negatives), cfg.data.vocab or str(layout.vocab)
@@ -415,7 +416,7 @@ class Inputs:
     code: str  # lineage of modeling/train.py's fingerprint with the negatives' and vocabulary's code
 
 
-def load_inputs(cfg: TrainConfig) -> Inputs:
+def load_inputs(cfg: TrainJob) -> Inputs:
     negatives = Path(cfg.data.negatives)
     neg_manifest = require_manifest(negatives, "negatives")
     vocab_manifest = require_manifest(Path(cfg.data.vocab), "vocab")
@@ -441,7 +442,7 @@ def load_inputs(cfg: TrainConfig) -> Inputs:
     return Inputs(negatives, neg_manifest, vocab, code)
 
 
-def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, device, d: Dist):
+def build_model(cfg: TrainJob, vocab: Vocab, state: dict[str, Any] | None, device, d: Dist):
     """Model, optimiser, the step-0 embedding tables (for loss.l2_embeddings) and the step to start at."""
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = TwoTower(vocab.size, cfg.model).to(device)
@@ -462,7 +463,7 @@ def build_model(cfg: TrainConfig, vocab: Vocab, state: dict[str, Any] | None, de
     return model, optimizer, initial, state["step"]
 
 
-def open_tracker(cfg: TrainConfig, inputs: Inputs, state: dict[str, Any] | None, device: torch.device, d: Dist):
+def open_tracker(cfg: TrainJob, inputs: Inputs, state: dict[str, Any] | None, device: torch.device, d: Dist):
     """The run's MLflow tracker (rank 0), continuing a resumed checkpoint's MLflow run."""
     negatives_sha = inputs.negatives_manifest["content_sha256"]
     tags = {
@@ -481,7 +482,7 @@ def open_tracker(cfg: TrainConfig, inputs: Inputs, state: dict[str, Any] | None,
     return Tracker(cfg, d.main, state.get("mlflow_run_id") if state else None, tags, datasets)
 
 
-def checkpoint_state(cfg: TrainConfig, inputs: Inputs, model, optimizer, step: int, total: int, val, run_id) -> dict:
+def checkpoint_state(cfg: TrainJob, inputs: Inputs, model, optimizer, step: int, total: int, val, run_id) -> dict:
     """Everything a checkpoint holds: self-contained, loadable without the work dir."""
     vocab = inputs.vocab
     return {
@@ -515,7 +516,7 @@ def clip_gradients(model: torch.nn.Module, threshold: float, row_grads: list[tor
 
 
 @torch.no_grad()
-def validation_loss(model: TwoTower, batches: ClickBatches, cfg: TrainConfig, device) -> float | None:
+def validation_loss(model: TwoTower, batches: ClickBatches, cfg: TrainJob, device) -> float | None:
     """Eq. (5) over the first `data.max_valid_rows` validation rows, each against its own sampled
     negatives only: comparable across batch sizes, `loss.in_batch_negatives`, `pair_weight` and
     `listwise` settings (chance level ln(1 + n)); None without validation rows."""

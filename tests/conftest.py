@@ -31,10 +31,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     """Each xdist worker (`make test` runs two) keeps to its own share of the CPUs, and Spark, torch
-    and every process it starts see that share (core.machine.usable_cpus). Left to share both cores,
-    two workers oversubscribed them: the suite took 1,245 s against 1,168 s pinned (the same VM, one
-    run each). Every test session keeps its Prefect runs in its own database, not the user's
-    ~/.prefect, so a worker's tests never read another's flow runs. Spark's drivers start on C1 and the
+    and every process it starts see that share (core.machine.usable_cpus): left to share both cores,
+    two workers oversubscribed them (docs/studies/test-suite-times.md, "Measured for the set-up").
+    Every test session keeps its Prefect runs in its own database, not the user's ~/.prefect, so a
+    worker's tests never read another's flow runs. Spark's drivers start on C1 and the
     serial GC and, in a run on workers that selects the integration tests, map a class-data archive built as it
     starts (tests/jvm_archive.py)."""
     import atexit
@@ -50,9 +50,9 @@ def pytest_configure(config):
         os.sched_setaffinity(0, cpus[i * len(cpus) // count : (i + 1) * len(cpus) // count])
     # Every Spark driver the suite starts (its own session, each `dssm` subprocess and flow run) is a short-lived
     # JVM on one core, where the C2 compiler and parallel GC threads only take CPU from the job: C1 and the serial
-    # GC start a session and its first job in 7.4 s against 12.5 s and clean 20k impressions in 24 s against 34 s
-    # (one core; 1M impressions: 59 s against 62 s). The stack's executors (tests/test_stack.py) are as short-lived
-    # and on the same core. Spark's own options for it, left alone where the user set them.
+    # GC start it faster (docs/studies/test-suite-times.md, "Measured for the set-up"). The stack's
+    # executors (tests/test_stack.py) are as short-lived and on the same core. Spark's own options for it, left
+    # alone where the user set them.
     fast_start = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     if "PYSPARK_SUBMIT_ARGS" not in os.environ and not worker:  # the workers inherit the controller's
         drivers = fast_start

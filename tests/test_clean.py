@@ -387,7 +387,7 @@ def test_a_parquet_table_in_either_shape_cleans_to_the_rows_of_its_json_twin(spa
             "clean.columns={ts: event_time, query: search_terms, results: shown, results.doc_id: product_id}",
         ]
     )
-    stage = clean_stage(RunContext(run, Layout(tmp_path / "run"), None, "", None, [], 1), None)
+    stage = clean_stage(RunContext(run, Layout(tmp_path / "run"), None, "", None, [], 1), run.clean, None)
     parquet = _outputs(Path(stage.path))
     reference = json_clean("json-rows", kept)
     assert parquet == reference

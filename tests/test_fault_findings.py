@@ -198,3 +198,28 @@ def test_the_training_docs_say_which_loaders_unpickle_a_registered_model():
     assert "never from its `python_model.pkl`" in paragraph and "`scoring.serving.logged_files`" in paragraph
     assert "`mlflow models serve`, `mlflow.pyfunc.load_model`) do unpickle" in paragraph
     assert "never loaded" in inspect.getdoc(serving.logged_files)
+
+
+FAILING_TASK = """
+from core.spark import get_spark
+
+spark = get_spark("local[1]")
+try:
+    spark.sparkContext.parallelize([1, 2], 1).map(lambda x: 1 // (x - x)).collect()
+except Exception as e:
+    print("one line:", type(e).__name__)
+"""
+
+
+@pytest.mark.integration  # a Spark driver of its own
+def test_a_failed_task_prints_no_executor_traceback_above_the_commands_line():
+    """Issue 74's probe (low): a task that failed printed the executor's traceback (23 of 39 lines) above
+    the command's one-line error. The exception still carries it (the command prints it with -v)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FAILING_TASK], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "one line: Py4JJavaError", done.stderr[-2000:]
+    spark_lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert not [line for line in spark_lines if "Traceback" in line or "ZeroDivisionError" in line], spark_lines
+    assert len(spark_lines) <= 2, spark_lines  # the scheduler's "aborting job", Spark's own start-up notes

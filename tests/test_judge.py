@@ -185,8 +185,11 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
         dates = [(date.fromisoformat(day) - timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
         return RunContext(run_cfg, Layout(tmp_path), judged, store, None, dates if window else [], 1)
 
+    def held(day: str, run_cfg=cfg, days: int = 2) -> str:  # the test day a night holds out of training
+        return held_out_day(context(day, run_cfg, days=days), run_cfg.judge)
+
     def night(day: str, run_cfg=cfg, window: bool = True, days: int = 2):
-        return kept_set(context(day, run_cfg, window, days), out)
+        return kept_set(context(day, run_cfg, window, days), run_cfg.judge, out)
 
     kept = night("2026-01-03")
     assert kept is not None and kept.skipped and kept.path == str(out)
@@ -203,9 +206,9 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     assert night("2026-01-02", days=1) is None  # a one-day window has no time split
     assert night("2026-01-02", replace(cfg, force=True)) is None
     # the day training leaves out: the kept set's test day, a new set's (tonight's last day), none on the query split
-    assert held_out_day(context("2026-01-03")) == "2026-01-01"
-    assert held_out_day(context("2026-01-04")) == "2026-01-04"
-    assert held_out_day(context("2026-01-03", query_split)) == held_out_day(context("2026-01-03", days=1)) == ""
+    assert held("2026-01-03") == "2026-01-01"
+    assert held("2026-01-04") == "2026-01-04"
+    assert held("2026-01-03", query_split) == held("2026-01-03", days=1) == ""
     # never a new set from a day the champion trained on (the fifth probe of issue 63, medium: a rerun of a night
     # whose kept set was dropped graded one from the day its first run's model, the champion, trained on): that
     # night falls back to the query split, whose test queries no model trains on
@@ -217,8 +220,8 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
         registry.create_model_version("dssm-logs-clicks", str(tmp_path))
         registry.set_model_version_tag("dssm-logs-clicks", str(version), "run_date", trained_to)
         registry.set_registered_model_alias("dssm-logs-clicks", "champion", str(version))
-        assert held_out_day(context("2026-01-04")) == ("2026-01-04" if trained_to < "2026-01-04" else "")
-    assert held_out_day(context("2026-01-05")) == "2026-01-05" and held_out_day(context("2026-01-03")) == "2026-01-01"
+        assert held("2026-01-04") == ("2026-01-04" if trained_to < "2026-01-04" else "")
+    assert held("2026-01-05") == "2026-01-05" and held("2026-01-03") == "2026-01-01"
     # a champion with no run date (the ninth probe, medium: registered by hand or before run dates) answers by the
     # days its training run read; where it names none, it may have trained on any: the query split
     from core.tracking import experiment_id, log_datasets
@@ -230,7 +233,7 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     for run_id in (evaluated, None):
         undated = registry.create_model_version("dssm-logs-clicks", str(tmp_path), run_id=run_id)
         registry.set_registered_model_alias("dssm-logs-clicks", "champion", str(undated.version))
-        assert held_out_day(context("2026-01-04")) == "" and held_out_day(context("2026-01-05")) == (
+        assert held("2026-01-04") == "" and held("2026-01-05") == (
             "2026-01-05" if run_id else "")  # fmt: skip
     assert "read) may have trained on 2026-01-05, the day a new set would be graded from" in caplog.text
     assert "up to 2026-01-04, which covers 2026-01-04, the day a new set would be graded from" in caplog.text
@@ -243,9 +246,9 @@ def test_a_nightly_run_keeps_its_judged_set_for_keep_nights_then_grades_anew(tmp
     write_manifest(fallback / "judge", {"stage": "judge", "params": grading(cfg.judge)})
     amend_manifest(fallback / "judge", {"built_on": "2026-01-01", "split": "query", "fallback": True})
     at = replace(context("2026-01-03"), layout=Layout(fallback))
-    assert kept_set(at, fallback / "judge") is not None and held_out_day(at) == ""
+    assert kept_set(at, at.cfg.judge, fallback / "judge") is not None and held_out_day(at, at.cfg.judge) == ""
     amend_manifest(fallback / "judge", {"fallback": False})  # a query-split set proper: not a time night's
-    assert kept_set(at, fallback / "judge") is None and held_out_day(at) == "2026-01-03"
+    assert kept_set(at, at.cfg.judge, fallback / "judge") is None and held_out_day(at, at.cfg.judge) == "2026-01-03"
     # the judge grades the test day's own clean output; where the clean stage held none out (a first night
     # with one day of logs), the window's, on the query split
     from stages.judge.stage import _test_day_output

@@ -172,3 +172,31 @@ def test_the_studies_index_links_every_study_and_names_every_study_script():
     assert [p for p in pages if f"]({p})" not in index] == []
     scripts = [p.name for p in (ROOT / "studies").glob("[!_]*.py")]
     assert [s for s in scripts if s not in index] == []
+
+
+def _stage_names() -> set[str]:
+    return {p.parent.name for p in (ROOT / "stages").glob("*/__init__.py")}
+
+
+def test_the_flow_imports_only_the_stages_settings_and_names_no_stage():
+    """The flow walks PIPELINE: what a stage does for the run besides its output is a hook in its own
+    `stage` module (flows/pipeline.py's HOOKS), so flows/ imports no stage code, only the stages' settings
+    (the run config is built from them), and no string of flows/ names a stage, but PIPELINE's entries."""
+    reaching = []
+    named = []
+    stages = _stage_names()
+    for path in sorted((ROOT / "flows").rglob("*.py")):
+        # stages.NAME.config, or a name from it (imports() lists `from M import x` as M and M.x)
+        code = [m for m in imports(path, type_only=True) if stage_of(m) and m.split(".")[2] != "config"]
+        reaching += [f"{path.name} imports {m}" for m in sorted(code)]
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "PIPELINE":
+                node.value = ast.Constant(None)  # the declaration names its stages: that is what it is for
+        named += [
+            f"{path.name}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in stages
+        ]
+    assert reaching == [], "flows/ imports stage code (a hook in its stage module goes there):\n" + "\n".join(reaching)
+    assert named == [], "flows/ names stages outside PIPELINE:\n" + "\n".join(named)

@@ -37,6 +37,9 @@ CONVERTED: dict[str, tuple[type, set[str], list[str]]] = {
     "index": (IndexConfig, set(), ["--model", "models:/m@champion", "--titles", "t", "--out", "o"]),
 }
 
+# Keys of a section that its command takes otherwise: the flow's index.catalogue is `dssm index --titles`.
+NOT_FLAGS = {"index": {"catalogue"}}
+
 # Every flag these commands had when their options were written by hand: none may go away.
 HAND_WRITTEN = {
     "simulate": "--out --force --judgments --query-col --title-col --label-col --encoding --impressions --seed "
@@ -93,7 +96,8 @@ def parse(command: str, *flags: str) -> argparse.Namespace:
 def test_every_config_field_is_a_flag_and_every_old_flag_remains(command, capsys):
     cls, flatten, _ = CONVERTED[command]
     text = help_text(command, capsys)
-    missing = [key for key in leaf_keys(cls) if not has_flag(text, expected_flag(key, flatten))]
+    keys = [key for key in leaf_keys(cls) if key not in NOT_FLAGS.get(command, set())]
+    missing = [key for key in keys if not has_flag(text, expected_flag(key, flatten))]
     assert not missing, f"dssm {command} --help lacks a flag for {missing}"
     removed = [flag for flag in HAND_WRITTEN[command].split() if not has_flag(text, flag)]
     assert not removed, f"dssm {command} lost {removed}"

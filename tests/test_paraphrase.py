@@ -195,7 +195,7 @@ def test_paraphrase_objective_needs_one_encoder(paraphrase_data, tmp_path, capsy
 
 
 def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
-    from modeling.config import DataConfig
+    from modeling.config import DataInputs
     from modeling.data import ClickBatches, train_files
     from modeling.tokens import Ragged, Rows, Tokenised, tokenise
 
@@ -212,7 +212,7 @@ def test_scrambling_shuffles_both_sentences_of_a_pair(paraphrase_data):
         Ragged.of(none, np.zeros(0, np.int32)),
         Ragged.of(none, np.zeros(0, np.float32)),
     )
-    batches = ClickBatches(Tokenised(texts, rows, rows), files, 0, 1, DataConfig(batch_size=2, scramble=0.5), 0, seed=1)
+    batches = ClickBatches(Tokenised(texts, rows, rows), files, 0, 1, DataInputs(batch_size=2, scramble=0.5), 0, seed=1)
 
     def word_orders(batch):
         return [tuple(x) for x in torch.split(batch.words, batch.lengths.tolist())]

@@ -54,32 +54,44 @@ def context(tmp_path: Path, *overrides: str) -> RunContext:
 
 
 def test_the_progress_total_counts_what_will_run(tmp_path):
-    every = ("mine.hard=0.25", "teacher.scorers=[bm25,minilm]")
-    assert planned(PIPELINE, context(tmp_path, *every)) == len(PIPELINE) - 1  # simulated logs: no judge
-    assert planned(PIPELINE, context(tmp_path, "mine.hard=0")) == len(PIPELINE) - 3  # no mine, no teacher
-    # ingested logs without judgments: no simulate, the judge grades them; two models
-    ingest = context(tmp_path, f"logs={tmp_path}", "train.models=[lstm, rnn]", *every)
-    assert planned(PIPELINE, ingest) == len(PIPELINE) - 1 + 1
-    judged = context(tmp_path, f"logs={tmp_path}", f"judgments.path={tmp_path}", *every)
-    assert planned(PIPELINE, judged) == len(PIPELINE) - 2  # a judged set given: neither simulate nor judge
+    """One task per stage that runs and per item of an `each` stage: a stage whose `when` finds nothing to do
+    and a skipped optional one count none. Derived from PIPELINE's flags, so that a new stage leaves it be."""
+    simulated = context(tmp_path)
+    idle = [s.name for s in PIPELINE if not s.when(simulated)]  # nothing to do with the default settings
+    assert planned(PIPELINE, simulated) == len(PIPELINE) - len(idle)
+    grader = next(s for s in PIPELINE if s.judges)
+    assert grader.name in idle  # simulated logs come with their judged set
+    assert planned(PIPELINE, context(tmp_path, "mine.hard=0.25", "teacher.scorers=[bm25,minilm]")) == planned(
+        PIPELINE, simulated
+    ) + len({"mine", "teacher"} & set(idle))
+    fanned = context(tmp_path, "train.models=[lstm, rnn]")  # two models: one more task per `each` stage
+    assert planned(PIPELINE, fanned) == planned(PIPELINE, simulated) + sum(1 for s in PIPELINE if s.each)
+    # ingested logs without judgments: nothing simulated, the judged set graded from their clicks
+    ingest = context(tmp_path, f"logs={tmp_path}")
+    assert grader.runs(ingest) and not PIPELINE[0].runs(ingest)
+    judged = context(tmp_path, f"logs={tmp_path}", f"judgments.path={tmp_path}")
+    assert not grader.runs(judged)
     # `skip` switches optional stages off, and only those
-    assert planned(PIPELINE, context(tmp_path, *every, "skip=[teacher,index,analyze]")) == len(PIPELINE) - 4
-    with pytest.raises(Exception, match="train cannot be skipped; the optional stages: mine, teacher, index"):
-        context(tmp_path, "skip=[train]")
+    optional = [s.name for s in PIPELINE if s.optional]
+    off = context(tmp_path, f"skip=[{','.join(optional)}]")
+    assert planned(PIPELINE, off) == planned(PIPELINE, simulated) - len(set(optional) - set(idle))
+    required = next(s.name for s in PIPELINE if not s.optional)
+    with pytest.raises(Exception, match=f"{required} cannot be skipped; the optional stages: {', '.join(optional)}"):
+        context(tmp_path, f"skip=[{required}]")
 
 
 def test_the_models_train_on_the_last_stage_marked_trains_on_that_ran(tmp_path):
-    """train (and the teacher, which refines the rows it is given) reads TrainingRows(): the teacher's
-    lists when the teacher ran, else the mined negatives, else the sampled ones."""
-    reads = {s.name: s.reads for s in PIPELINE}
-    assert TrainingRows() in reads["train"] and TrainingRows() in reads["teacher"]
-    assert [s.name for s in PIPELINE if s.trains_on] == ["negatives", "mine", "teacher"]
+    """train (and any stage that refines the rows it is given) reads TrainingRows(): the output of the last
+    stage marked `trains_on` that ran (the teacher's lists when the teacher ran, else the mined negatives,
+    else the sampled ones)."""
+    assert any(s.trains_models for s in PIPELINE if TrainingRows() in s.reads)  # what the models train on
+    rows = [s.name for s in PIPELINE if s.trains_on]
     ctx = context(tmp_path)
-    out = {name: StageOutput(name, f"/{name}", name, False, 0.0) for name in ("negatives", "mine", "teacher")}
-    ran = {"negatives": out["negatives"], "mine": out["mine"], "teacher": out["teacher"]}
-    assert _read(TrainingRows(), ran, ctx, PIPELINE).stage == "teacher"
-    assert _read(TrainingRows(), ran | {"teacher": None}, ctx, PIPELINE).stage == "mine"
-    assert _read(TrainingRows(), ran | {"teacher": None, "mine": None}, ctx, PIPELINE).stage == "negatives"
+    ran = {name: StageOutput(name, f"/{name}", name, False, 0.0) for name in rows}
+    for last in range(len(rows), 0, -1):  # each in turn did not run: the one before it is read
+        assert _read(TrainingRows(), ran, ctx, PIPELINE).stage == rows[last - 1]
+        ran[rows[last - 1]] = None
+    assert _read(TrainingRows(), ran, ctx, PIPELINE) is None
     with pytest.raises(ValueError, match="no stage before it is trains_on"):
         check((Stage("a", lambda ctx: None, "", reads=(TrainingRows(),)),))
 

@@ -69,7 +69,7 @@ def test_a_clean_without_impressions_is_faster_and_what_needs_them_says_so(spark
 
     ctx = RunContext(RunConfig(), Layout(tmp_path), None, "", None, [], 1)
     cleaned = StageOutput("clean", str(out), manifest["content_sha256"], False, 0.0)
-    assert propensity_stage(ctx, cleaned) is None  # the flow goes on
+    assert propensity_stage(ctx, ctx.cfg.propensity, cleaned) is None  # the flow goes on
 
 
 def read_counts(path):

@@ -98,7 +98,8 @@ def test_the_no_stage_flags_name_the_stage_in_skip():
         (["gate.metric=ndcg@3"], "gate.metric: .ndcg@3. is not one of"),
         (["negatives=3"], "expected a section"),
         (["index.kind=ivf"], "index.kind: .ivf. is not one of auto, flat, hnsw"),
-        (["catalogue=/no/such/titles.parquet"], "catalogue /no/such/titles.parquet: not found"),
+        (["index.catalogue=/no/such/titles.parquet"], "index.catalogue /no/such/titles.parquet: not found"),
+        (["catalogue=/titles.parquet"], "catalogue is now index.catalogue"),  # the stage's own key, since issue 75
         (["window_days=2", "run_date=yesterday"], "run_date must be a date YYYY-MM-DD, got 'yesterday'"),
         (["window_days=-1"], "window_days must be >= 0"),
     ],
@@ -205,15 +206,15 @@ def test_per_encoder_keys_of_a_device_apply_when_the_model_trains_there():
 
 
 def test_the_train_section_is_the_recipe_and_each_run_adds_its_plumbing():
-    from flows.config import TrainSection
-    from modeling.config import TrainConfig, TrainSettings
+    from modeling.config import TrainJob, TrainRecipe
+    from stages.train.config import TrainConfig
 
-    recipe, plumbing = set(TrainSettings().flat()), set(TrainConfig().flat()) - set(TrainSettings().flat())
+    recipe, plumbing = set(TrainRecipe().flat()), set(TrainJob().flat()) - set(TrainRecipe().flat())
     assert plumbing == {"data.negatives", "data.vocab", "out", "mlflow_uri", "experiment", "dataset"}
-    assert recipe <= set(TrainSection().flat()) and not plumbing & set(TrainSection().flat())
+    assert recipe <= set(TrainConfig().flat()) and not plumbing & set(TrainConfig().flat())
     cfg = load_run_config(overrides=["train.optim.lr=0.05", "train.per_encoder.minilm=[data.batch_size=32]"])
     own = cfg.train.for_encoder("minilm")
-    run = TrainConfig.of(own, "/n", "/v", mlflow_uri="sqlite:///s.db", experiment="e", dataset="d")
+    run = TrainJob.of(own, "/n", "/v", mlflow_uri="sqlite:///s.db", experiment="e", dataset="d")
     given = run.flat()
     assert {key: given[key] for key in recipe} == own.flat()  # every recipe value, as the section resolved it
     assert [given[key] for key in sorted(plumbing)] == ["/n", "/v", "d", "e", "sqlite:///s.db", ""]  # out: the default

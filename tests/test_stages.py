@@ -103,12 +103,12 @@ def stage_work(spark, pipeline, tiny_data, tmp_path_factory) -> dict[str, Path]:
 def _runners(spark, work: Path):
     """Per stage kind: (output dir, run(variant) -> manifest). Variant 0 and 1 differ in one setting."""
     from core.judgments import DEFAULT_CATALOGUE, JudgedSetSpec, resolve_judged_set
-    from stages.analyze.config import AnalyzeSettings
-    from stages.analyze.job import AnalyzeConfig, analyze
+    from stages.analyze.config import AnalyzeConfig
+    from stages.analyze.job import AnalyzeJob, analyze
     from stages.clean.config import CleanConfig
     from stages.clean.job import clean
-    from stages.evaluate.config import EvaluateSettings
-    from stages.evaluate.job import EvaluateConfig, evaluate
+    from stages.evaluate.config import EvaluateConfig
+    from stages.evaluate.job import EvaluateJob, evaluate
     from stages.negatives.config import NegativesConfig
     from stages.negatives.job import negatives
     from stages.paraphrase.config import ParaphraseConfig
@@ -128,14 +128,14 @@ def _runners(spark, work: Path):
         return simulate(catalogue.pairs(), work / "simulate", cfg, catalogue.describe())
 
     def evaluate_run(v):
-        settings = EvaluateSettings(baselines=["bm25", "ulm"][: 1 + v])
-        cfg = EvaluateConfig(judged, work / "eval", [model], settings, mlflow_uri=uri)
+        settings = EvaluateConfig(baselines=["bm25", "ulm"][: 1 + v])
+        cfg = EvaluateJob(judged, work / "eval", [model], settings, mlflow_uri=uri)
         evaluate(cfg)
         return read_manifest(work / "eval")
 
     def analyze_run(v):
-        settings = AnalyzeSettings(pairs=1 + v)
-        analyze(AnalyzeConfig(model, work / "analysis", judgments=judged, settings=settings, log_mlflow=False))
+        settings = AnalyzeConfig(pairs=1 + v)
+        analyze(AnalyzeJob(model, work / "analysis", judgments=judged, settings=settings, log_mlflow=False))
         return read_manifest(work / "analysis")
 
     return {

@@ -18,7 +18,7 @@ class KeywordRule:
 
 
 @dataclass(frozen=True)
-class AnalyzeSettings:
+class AnalyzeConfig:
     pairs: int = 3  # query/title pairs drawn from the judged set's test queries when no --pair is given
     rule: KeywordRule = field(default_factory=KeywordRule)
     topic_cells: int = 5  # Table III rows: the most active cells whose keywords are listed
@@ -26,7 +26,7 @@ class AnalyzeSettings:
     probes: list[str] = field(default_factory=list)  # words whose doc2vec nearest words are listed (needs --judgments)
 
 
-def check_config(settings: AnalyzeSettings) -> None:
+def check_config(settings: AnalyzeConfig) -> None:
     """Counts below one are refused by the flag that set them."""
     counts = {
         "pairs": settings.pairs,

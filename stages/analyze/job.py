@@ -21,7 +21,7 @@ from core.errors import DssmError
 from core.judgments import JudgedSet
 from scoring.neural import TwoTowerEmbedder
 from stages.analyze.compare import plot_cost_curves, training_curve
-from stages.analyze.config import AnalyzeSettings, check_config
+from stages.analyze.config import AnalyzeConfig, check_config
 from stages.analyze.sections import pair_section, probe_section, test_section
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,13 @@ REPORT = "analysis.md"
 
 
 @dataclass
-class AnalyzeConfig:
+class AnalyzeJob:
     model: str  # a checkpoint, a `dssm train` run dir, or an MLflow model URI
     out: Path
     compare: str | None = None  # a second model (e.g. the RNN) for Tables V-VIII and Fig. 7
     judgments: JudgedSet | None = None  # its test queries feed Table III; pairs are drawn from them
     chosen: list[tuple[str, str]] = field(default_factory=list)  # (query, title) pairs to trace; else drawn
-    settings: AnalyzeSettings = field(default_factory=AnalyzeSettings)
+    settings: AnalyzeConfig = field(default_factory=AnalyzeConfig)
     mlflow_uri: str | None = None  # where models:/ URIs resolve (the training run is found in its own store)
     log_mlflow: bool = True
     force: bool = False
@@ -65,7 +65,7 @@ def load(spec: str, mlflow_uri: str | None) -> Loaded:
     return Loaded(spec, system.scorer, system.checkpoint, state.get("mlflow_run_id"), uri)
 
 
-def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
+def analyze(cfg: AnalyzeJob) -> dict[str, Any]:
     """Write the report into cfg.out (skipped when it already holds this analysis); returns analysis.json."""
     started = time.perf_counter()
     out = Path(cfg.out)
@@ -117,7 +117,7 @@ def analyze(cfg: AnalyzeConfig) -> dict[str, Any]:
     return done["result"]
 
 
-def _preamble(cfg: AnalyzeConfig, main: Loaded) -> str:
+def _preamble(cfg: AnalyzeJob, main: Loaded) -> str:
     rule = cfg.settings.rule
     both = " in both directions" if main.embedder.cfg.model.encoder == "bilstm" else ""
     return (
@@ -132,7 +132,7 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _inputs(cfg: AnalyzeConfig, loaded: list[Loaded]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def _inputs(cfg: AnalyzeJob, loaded: list[Loaded]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     inputs = {f"model{i}": {"path": str(m.spec), "sha256": sha256_file(m.checkpoint)} for i, m in enumerate(loaded)}
     if cfg.judgments:
         inputs["judgments"] = cfg.judgments.describe()
@@ -140,7 +140,7 @@ def _inputs(cfg: AnalyzeConfig, loaded: list[Loaded]) -> tuple[dict[str, dict[st
     return inputs, params
 
 
-def _test_queries(cfg: AnalyzeConfig) -> list[tuple[str, str]]:
+def _test_queries(cfg: AnalyzeJob) -> list[tuple[str, str]]:
     """(query, its best-graded title) of every test query of the judged set (PROTOCOL.md split), by qid."""
     if not cfg.judgments:
         return []
@@ -156,7 +156,7 @@ def _draw_pairs(queries: list[tuple[str, str]], n: int) -> list[tuple[str, str]]
     return sorted(queries, key=lambda pair: len(pair[0].split()) < 3)[:n]
 
 
-def _judged_texts(cfg: AnalyzeConfig) -> list[str]:
+def _judged_texts(cfg: AnalyzeJob) -> list[str]:
     pairs = cfg.judgments.pairs()
     return [p.title for p in pairs] + [p.query for p in pairs]
 
@@ -197,7 +197,7 @@ def _log_artifacts(main: Loaded, out: Path) -> dict[str, str] | None:
 
 
 def add_arguments(p) -> None:
-    """`dssm analyze`'s options: the models, inputs and plumbing, then AnalyzeSettings' fields."""
+    """`dssm analyze`'s options: the models, inputs and plumbing, then AnalyzeConfig' fields."""
     from core.judgments import add_judgment_options
     from core.options import add_config_options
 
@@ -226,17 +226,17 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--no-mlflow", dest="log_mlflow", action="store_false", help="do not log the report to MLflow")
     p.add_argument("--force", action="store_true", help="analyse again even if --out holds this analysis")
-    add_config_options(p.add_argument_group("what is read, and how"), AnalyzeSettings, flatten=["rule"])
+    add_config_options(p.add_argument_group("what is read, and how"), AnalyzeConfig, flatten=["rule"])
     add_judgment_options(p)
 
 
-def config_from_args(args) -> AnalyzeConfig:
+def config_from_args(args) -> AnalyzeJob:
     from core.judgments import resolve_judged_set, spec_from_args
     from core.options import config_from_options
 
-    settings = config_from_options(AnalyzeSettings, args)
+    settings = config_from_options(AnalyzeConfig, args)
     check_config(settings)
-    return AnalyzeConfig(
+    return AnalyzeJob(
         model=args.model,
         out=args.out,
         compare=args.compare,

@@ -8,14 +8,17 @@ from typing import Any
 
 from core.artifacts import read_manifest
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.analyze.config import AnalyzeConfig
 
 
-def run(ctx: RunContext, train: list[StageOutput], judge: StageOutput | None) -> StageOutput | None:
+def run(
+    ctx: RunContext, settings: AnalyzeConfig, train: list[StageOutput], judge: StageOutput | None
+) -> StageOutput | None:
     """`dssm analyze` of the first recurrent model (against the RNN when one was trained beside it) on
     the judged set's test queries, logged to its training run; None when no recurrent model was trained."""
     from core.judgments import judged_set
     from modeling.checkpoint import read_checkpoint
-    from stages.analyze.job import AnalyzeConfig, analyze
+    from stages.analyze.job import AnalyzeJob, analyze
     from stages.analyze.lstm import RECURRENT
 
     checkpoints = [t.path for t in train]
@@ -29,7 +32,7 @@ def run(ctx: RunContext, train: list[StageOutput], judge: StageOutput | None) ->
     compare = next((c for c in recurrent if encoders[c] == "rnn" and c != main), None)
     out = ctx.layout.analyze
     judged = judged_set(ctx.judged, judge.path if judge else None)
-    cfg = AnalyzeConfig(main, out, compare, judgments=judged, settings=ctx.cfg.analyze, force=ctx.force)
+    cfg = AnalyzeJob(main, out, compare, judgments=judged, settings=settings, force=ctx.force)
 
     def job() -> dict[str, Any]:
         result = analyze(cfg)

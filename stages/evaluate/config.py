@@ -1,6 +1,6 @@
 """The evaluate stage's settings, in a module that imports no pyspark, mlflow or torch (the run config is
-built from them): what an evaluation scores (`EvaluateSettings`: `dssm evaluate`'s flags and the flow's
-`evaluate` section)."""
+built from them): what an evaluation scores (`EvaluateConfig`: `dssm evaluate`'s flags; `EvaluateStageConfig`:
+the flow's `evaluate` section, with the flow's defaults)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scoring.baselines import BASELINES, BaselineParams
 
 
 @dataclass
-class EvaluateSettings:
+class EvaluateConfig:
     # beside the models, from bm25,doc2vec,ulm,plsa,minilm (bm25 is always evaluated: the significance reference)
     baselines: list[str] = field(default_factory=lambda: ["bm25"])
     # each hybrid (with a dev set to fit it on): scorers joined by +, from bm25, minilm (the bundled
@@ -29,7 +29,20 @@ class EvaluateSettings:
         return BaselineParams(self.bm25_k1, self.bm25_b, self.ulm_mu, self.plsa_topics, seed=self.seed)
 
 
-def check_settings(settings: EvaluateSettings) -> None:
+@dataclass
+class EvaluateStageConfig(EvaluateConfig):
+    """The flow's `evaluate` section: what `dssm evaluate` scores, with the flow's defaults (what the search
+    service serves: the 3-way fusion, the whole catalogue), and whether to fit hybrids."""
+
+    # each hybrid: scorers joined by +, from bm25, minilm (the bundled all-MiniLM-L6-v2), MODEL (each trained model)
+    # or a trained model's name (minilm-ft); the default's 3-way fusion: docs/studies/pretrained-fusion-distillation.md
+    fusions: list[str] = field(default_factory=lambda: ["MODEL+bm25", "MODEL+bm25+minilm"])
+    # also rank the judged set's whole catalogue (PROTOCOL.md §8) and fit each hybrid's retrieval fusion
+    retrieval: bool = True
+    hybrid: bool = True  # also the `fusions` (hybrids), their weights fit on the negatives' validation queries
+
+
+def check_config(settings: EvaluateConfig) -> None:
     parse_baselines(settings.baselines)
     check_fusions(settings.fusions)
 

@@ -36,18 +36,18 @@ from scoring.protocol import CUTOFFS, EvalSet, SystemResult, build_eval_set, eva
 from scoring.protocol import relevant_threshold as default_threshold
 from scoring.quality import METRICS as RETRIEVAL_METRICS
 from scoring.systems import System, build_baseline, is_mlflow_model, load_trained, unique_names
-from stages.evaluate.config import EvaluateSettings, check_settings
+from stages.evaluate.config import EvaluateConfig, check_config
 from stages.evaluate.report import write_report
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateJob:
     judgments: JudgedSet  # resolved once (core.judgments.resolve_judged_set)
     out: Path
     models: list[str] = field(default_factory=list)
-    settings: EvaluateSettings = field(default_factory=EvaluateSettings)  # what is scored, and how
+    settings: EvaluateConfig = field(default_factory=EvaluateConfig)  # what is scored, and how
     dataset: str | None = None  # default: the judged set's name
     all_queries: bool = False
     dev: Path | None = None  # a `dssm negatives` output: evaluate on its validation queries instead
@@ -59,7 +59,7 @@ class EvaluateConfig:
     force: bool = False  # evaluate even when --out already holds this evaluation
 
 
-def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+def evaluate(cfg: EvaluateJob) -> dict[str, Any]:
     """Run the evaluation; returns report.json's content."""
     started = time.perf_counter()
     out = Path(cfg.out)
@@ -136,7 +136,7 @@ def read_report(out: Path) -> dict[str, Any]:
     return json.loads((out / "report.json").read_text())
 
 
-def _inputs(cfg: EvaluateConfig, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def _inputs(cfg: EvaluateJob, uri: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """What determines an evaluation: the judged file, the model files, every setting, the store."""
     inputs = {"judgments": cfg.judgments.describe()}
     for m in cfg.models:
@@ -381,7 +381,7 @@ def _end_runs(uri: str, run_ids: dict[str, str], status: str) -> None:
 
 
 def add_arguments(p) -> None:
-    """`dssm evaluate`'s options: the inputs and plumbing, EvaluateSettings' fields, the judged set's columns."""
+    """`dssm evaluate`'s options: the inputs and plumbing, EvaluateConfig' fields, the judged set's columns."""
     from core.judgments import add_judgment_options
     from core.options import add_config_options
 
@@ -419,17 +419,17 @@ def add_arguments(p) -> None:
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", help="MLflow experiment (default: the dataset name)")
     p.add_argument("--force", action="store_true", help="evaluate again even if --out holds this evaluation")
-    add_config_options(p.add_argument_group("what is scored, and how (the flow's evaluate.* keys)"), EvaluateSettings)
+    add_config_options(p.add_argument_group("what is scored, and how (the flow's evaluate.* keys)"), EvaluateConfig)
     add_judgment_options(p)
 
 
-def config_from_args(args) -> EvaluateConfig:
+def config_from_args(args) -> EvaluateJob:
     from core.judgments import resolve_judged_set, spec_from_args
     from core.options import config_from_options
 
-    settings = config_from_options(EvaluateSettings, args)
-    check_settings(settings)
-    return EvaluateConfig(
+    settings = config_from_options(EvaluateConfig, args)
+    check_config(settings)
+    return EvaluateJob(
         judgments=resolve_judged_set(args.judgments, spec_from_args(args)),
         out=args.out,
         models=args.model,

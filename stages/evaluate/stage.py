@@ -7,30 +7,36 @@ from typing import Any
 
 from core.artifacts import read_manifest
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.evaluate.config import EvaluateConfig, EvaluateStageConfig
 
 
-def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge: StageOutput | None) -> StageOutput:
+def run(
+    ctx: RunContext,
+    settings: EvaluateStageConfig,
+    train: list[StageOutput],
+    negatives: StageOutput,
+    judge: StageOutput | None,
+) -> StageOutput:
     """`dssm evaluate` of the trained models (and their hybrids with BM25, fit on the validation
     queries of the negatives) against the baselines; its report.json is the flow's report. The judged
     set is the run's, or the one the judge stage graded from the logs' clicks."""
     from core.config import field_values
     from core.judgments import CLICK_RELEVANT, CLICK_SCALE, judged_set
-    from stages.evaluate.config import EvaluateSettings
-    from stages.evaluate.job import EvaluateConfig, evaluate
+    from stages.evaluate.job import EvaluateJob, evaluate
 
-    out, section = ctx.layout.evaluate, ctx.cfg.evaluate
+    out = ctx.layout.evaluate
     judged = judged_set(ctx.judged, judge.path if judge else None)
     checkpoints = [t.path for t in train]
-    settings = EvaluateSettings(**field_values(section, EvaluateSettings))
+    scored = EvaluateConfig(**field_values(settings, EvaluateConfig))
     reports: list[dict[str, Any]] = []
 
     def job() -> dict[str, Any]:
-        cfg = EvaluateConfig(
+        cfg = EvaluateJob(
             judgments=judged,
             out=out,
             models=checkpoints,
-            settings=settings,
-            hybrid_dev=Path(negatives.path) if section.hybrid else None,
+            settings=scored,
+            hybrid_dev=Path(negatives.path) if settings.hybrid else None,
             mlflow_uri=ctx.mlflow_uri,
             force=ctx.force,
             # the scale's, not the set's lowest and highest grades: a night whose grades miss an end scores alike
@@ -43,3 +49,11 @@ def run(ctx: RunContext, train: list[StageOutput], negatives: StageOutput, judge
     stage = run_data_stage("evaluate", ", ".join(checkpoints), out, job)
     stage.counts = {"queries": reports[0]["eval_queries"], "pairs": reports[0]["eval_pairs"]}
     return stage
+
+
+def report(output: StageOutput) -> dict[str, Any]:
+    """The flow's hook after the walk: the evaluation's report (PROTOCOL.md §6) is report.json's body."""
+    from stages.evaluate.job import read_report
+
+    report = read_report(Path(output.path)) | {"seconds": round(output.seconds, 1)}
+    return report | ({"skipped": True} if output.skipped else {})

@@ -1,5 +1,5 @@
-"""The gate stage's settings (`dssm gate`'s flags, the flow's `gate` section), in a module that imports no
-pyspark, mlflow or torch."""
+"""The gate stage's settings (`dssm gate`'s flags; the flow's `gate` section, GateStageConfig), in a module
+that imports no pyspark, mlflow or torch."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ class GateConfig:
     # best on the same evaluation set by more than `decline_tolerance` (points of the metric, 0-100)
     trend_nights: int = 5
     decline_tolerance: float = 0.5
+
+
+@dataclass(frozen=True)
+class GateStageConfig(GateConfig):
+    """The flow's `gate` section: it compares full-catalogue retrieval NDCG@10 by default, what the index
+    stage serves to dssm search and the search service."""
+
+    metric: GateMetric = "retrieval_ndcg@10"
 
 
 def check_config(cfg: GateConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 from core.config import Between
@@ -31,21 +32,26 @@ class IndexConfig:
     # where the titles are embedded: auto, a GPU where torch sees one (on a cluster with GPU resources: the
     # GPU Spark assigned the task, infra/README.md), else the CPU
     device: Device = "auto"
+    # the flow's index stage: titles to index, Parquet/CSV with a `title` column; empty: the clean stage's title
+    # pool (`dssm index` takes --titles)
+    catalogue: str = ""
 
 
-def check_config(cfg: IndexConfig) -> None:
+def check_config(cfg: IndexConfig | SearchConfig) -> None:
+    """The index stage's settings, or `dssm search`'s."""
+    if isinstance(cfg, SearchConfig):
+        if cfg.k < 1:
+            raise DssmError(f"-k must be at least 1, got {cfg.k}")
+        if cfg.ef_search < 0:
+            raise DssmError(f"--ef-search must be 0 (the index's) or more, got {cfg.ef_search}")
+        return
     if cfg.kind not in KINDS:
         raise DssmError(f"index.kind must be one of {', '.join(KINDS)}, not {cfg.kind!r}")
+    if cfg.catalogue and "://" not in cfg.catalogue and not Path(cfg.catalogue).exists():
+        raise DssmError(f"index.catalogue {cfg.catalogue}: not found")
 
 
 @dataclass(frozen=True)
-class SearchSettings:
+class SearchConfig:
     k: int = 10  # titles per query
     ef_search: int = 0  # HNSW candidates kept per query search; 0: the index's own (index.ef_search when built)
-
-
-def check_search(settings: SearchSettings) -> None:
-    if settings.k < 1:
-        raise DssmError(f"-k must be at least 1, got {settings.k}")
-    if settings.ef_search < 0:
-        raise DssmError(f"--ef-search must be 0 (the index's) or more, got {settings.ef_search}")

@@ -323,7 +323,8 @@ def index(
 
     with cluster_errors(out):
         # every file hashed before the index counts as up to date: dssm search refuses a same-size corruption
-        manifest = publish(out, "index", code_fingerprint(__name__), inputs, asdict(cfg), build, force, None, True)
+        params = {k: v for k, v in asdict(cfg).items() if k != "catalogue"}  # the flow's; `titles` is the input
+        manifest = publish(out, "index", code_fingerprint(__name__), inputs, params, build, force, None, True)
     # After the rename, so the logged copy carries the manifest its loader checks every file against;
     # an index whose registration failed is up to date next time and only registered then.
     if register and model.name and "retriever" not in manifest:
@@ -406,7 +407,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mlflow-uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<parent of --out>/mlflow.db)"
     )
-    add_config_options(p, IndexConfig)
+    add_config_options(p, IndexConfig, skip=("catalogue",))  # --titles
     p.add_argument(
         "--no-register",
         dest="register",

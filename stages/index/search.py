@@ -17,7 +17,7 @@ from pathlib import Path
 
 from core.errors import DssmError
 from core.layout import Layout
-from stages.index.config import SearchSettings, check_search
+from stages.index.config import SearchConfig, check_config
 
 
 def retriever_uri(uri: str, tracking_uri: str) -> str:
@@ -55,7 +55,7 @@ def load(args: argparse.Namespace, ef_search: int = 0):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """`dssm search`'s options: the queries, where the index comes from, then SearchSettings' fields."""
+    """`dssm search`'s options: the queries, where the index comes from, then SearchConfig' fields."""
     from core.options import add_config_options
 
     p.add_argument("query", nargs="+", help="one or more queries (quote each one)")
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, help="a `dssm index` output (default: WORKDIR/index)")
     p.add_argument("--model", metavar="URI", help="load from MLflow instead: a retriever or an indexed model URI")
     p.add_argument("--mlflow-uri", help="tracking URI for --model (default: $MLFLOW_TRACKING_URI, else WORKDIR's)")
-    add_config_options(p, SearchSettings)
+    add_config_options(p, SearchConfig)
 
 
 def command(args: argparse.Namespace) -> None:
@@ -71,8 +71,8 @@ def command(args: argparse.Namespace) -> None:
     from core.options import config_from_options
     from core.text import checked_texts
 
-    settings = config_from_options(SearchSettings, args)
-    check_search(settings)
+    settings = config_from_options(SearchConfig, args)
+    check_config(settings)
     checked_texts(args.query, "query")  # before the index loads: an empty query is refused at once
     started = time.perf_counter()
     retriever = load(args, settings.ef_search)

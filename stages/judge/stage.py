@@ -12,6 +12,7 @@ is graded from that night's last day.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from core.artifacts import altered, amend_manifest, read_manifest
 from core.errors import DssmError
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.judge.config import JudgeConfig
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -26,15 +28,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("dssm.flow")
 
 
-def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> StageOutput:
+def run(ctx: RunContext, settings: JudgeConfig, clean: StageOutput, propensity: StageOutput | None) -> StageOutput:
     """Grade the clean stage's impressions (of the test day, under the time split) by their clicks
     (over the propensity stage's expected examinations with `judge.debias`), or keep the set an earlier
     night graded; evaluate and analyze then read this judged set."""
     from core.spark import run_session
     from stages.judge.job import judge
 
-    cfg, out = ctx.cfg.judge, ctx.layout.output("judge")
-    kept = kept_set(ctx, out)
+    cfg, out = settings, ctx.layout.output("judge")
+    kept = kept_set(ctx, cfg, out)
     # the run decided its test day before clean ran (held_out_day): judge/ must not have changed since
     if kept is not None:
         kept_day = str(read_manifest(out).get("test_day", ""))
@@ -58,21 +60,27 @@ def run(ctx: RunContext, clean: StageOutput, propensity: StageOutput | None) -> 
     return graded
 
 
-def split_of(ctx: RunContext) -> str:
+def prepare(ctx: RunContext, settings: JudgeConfig) -> RunContext:
+    """The flow's hook before any stage runs: the run's held-out test day, which clean leaves out of
+    training and this stage grades from."""
+    return replace(ctx, test_day=held_out_day(ctx, settings))
+
+
+def split_of(ctx: RunContext, cfg: JudgeConfig) -> str:
     """The split a windowed night grades its set by: judge.split, but "query" for a one-day window (the
     time split would leave training no day)."""
-    return "time" if ctx.cfg.judge.split == "time" and len(ctx.window) > 1 else "query"
+    return "time" if cfg.split == "time" and len(ctx.window) > 1 else "query"
 
 
-def held_out_day(ctx: RunContext) -> str:
+def held_out_day(ctx: RunContext, cfg: JudgeConfig) -> str:
     """The test day of the evaluation set this windowed night uses under the time split: the day the kept
     set was graded from, or the window's last day when tonight grades a new one; "" under the query split."""
-    if not ctx.window or split_of(ctx) != "time":
-        if ctx.window and ctx.cfg.judge.split == "time":
+    if not ctx.window or split_of(ctx, cfg) != "time":
+        if ctx.window and cfg.split == "time":
             log.info("judge.split=time needs a window of two days or more: a one-day night uses the query split")
         return ""
     out = ctx.layout.output("judge")
-    if kept_set(ctx, out, quiet=True) is not None:
+    if kept_set(ctx, cfg, out, quiet=True) is not None:
         return str(read_manifest(out).get("test_day", ""))
     day = ctx.window[-1]
     if trained_on := _champion_trained_on(ctx, day):
@@ -112,7 +120,7 @@ def _champion_trained_on(ctx: RunContext, day: str) -> str:
 
 def _last_day_trained_on(runs: MlflowClient, evaluation_run: str) -> str | None:
     """The last dt= partition the training run behind a registered version read (its dataset inputs, which
-    flows/retrain.py's log_window logs), from the version's evaluation run; None when none is named."""
+    the clean stage's log_to_training_runs logs), from the version's evaluation run; None when none is named."""
     import re
 
     try:
@@ -124,14 +132,13 @@ def _last_day_trained_on(runs: MlflowClient, evaluation_run: str) -> str | None:
     return max(days) if days else None
 
 
-def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | None:
+def kept_set(ctx: RunContext, cfg: JudgeConfig, out: Path, quiet: bool = False) -> StageOutput | None:
     """The judged set an earlier night graded into `out`, when this windowed night is still within its
     `keep_nights`, and it is intact and graded with this config and split (a time-split night keeps a
     set that fell back to the query split: its test day had no logs); else None (grade anew). `quiet`:
     decide without logging why (the run's first look, before its stages)."""
     from stages.judge.config import grading
 
-    cfg = ctx.cfg.judge
     if not ctx.window or cfg.keep_nights <= 1 or ctx.force:
         return None
     manifest = read_manifest(out)
@@ -139,13 +146,13 @@ def kept_set(ctx: RunContext, out: Path, quiet: bool = False) -> StageOutput | N
         return None
     say = (lambda *a: None) if quiet else log.warning
     built_on, split = manifest["built_on"], manifest.get("split", "query")
-    fell_back = split == "query" and manifest.get("fallback") and split_of(ctx) == "time"
+    fell_back = split == "query" and manifest.get("fallback") and split_of(ctx, cfg) == "time"
     why = ""
     if manifest.get("params") != grading(cfg):
         why = "it was graded with other judge settings"
-    elif split != split_of(ctx) and not fell_back:
+    elif split != split_of(ctx, cfg) and not fell_back:
         why = f"it was graded on the {split} split ({'before judge.split existed; ' if 'split' not in manifest else ''}"
-        why += f"this night's: {split_of(ctx)})"
+        why += f"this night's: {split_of(ctx, cfg)})"
     elif problem := altered(out, manifest):
         why = f"it is damaged ({problem})"
     if why:

@@ -6,14 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.mine.config import MineConfig
 
 
-def run(ctx: RunContext, negatives: StageOutput, clean: StageOutput, earlier_index: StageOutput | None) -> StageOutput:
+def run(
+    ctx: RunContext,
+    settings: MineConfig,
+    negatives: StageOutput,
+    clean: StageOutput,
+    earlier_index: StageOutput | None,
+) -> StageOutput:
     """The negatives with a share mined from the index an earlier run left (last night's champion's), or
     with BM25 over the title pool where there is none yet."""
     from stages.mine.job import mine
 
-    out, cfg = ctx.layout.mine, ctx.cfg.mine
+    out, cfg = ctx.layout.mine, settings
     index = Path(earlier_index.path) if earlier_index is not None else None
 
     def build() -> dict[str, Any]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.simulate.config import SimulationConfig
 
 
-def run(ctx: RunContext) -> StageOutput:
+def run(ctx: RunContext, settings: SimulationConfig) -> StageOutput:
     """Simulated logs of the judged set's train queries; in a windowed run, the run date's logs as the
     partition `WORKDIR/logs/dt=DAY` (kept when already there): new logs landing each night."""
     from dataclasses import replace
@@ -15,7 +16,7 @@ def run(ctx: RunContext) -> StageOutput:
     from stages.simulate.config import partition_name
     from stages.simulate.job import simulate
 
-    cfg, judged = ctx.cfg.simulate, ctx.judged
+    cfg, judged = settings, ctx.judged
     day = ctx.window[-1] if ctx.window else ""
     out = ctx.layout.logs / partition_name(day) if day else ctx.layout.simulate
 

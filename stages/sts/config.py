@@ -8,11 +8,11 @@ from core.errors import DssmError
 
 
 @dataclass
-class StsSettings:
+class StsConfig:
     baselines: list[str] = field(default_factory=list)  # off-the-shelf encoders scored beside the models: minilm
 
 
-def check_sts(settings: StsSettings) -> None:
+def check_config(settings: StsConfig) -> None:
     unknown = [b for b in settings.baselines if b != "minilm"]
     if unknown:
         raise DssmError(f"unknown STS baseline(s) {', '.join(unknown)}; choose minilm")

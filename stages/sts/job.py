@@ -23,7 +23,7 @@ from core.sentence_pairs import read_pairs, sentence_norm
 from core.tracking import client as mlflow_client
 from core.tracking import default_tracking_uri, experiment_id, log_datasets
 from scoring.neural import cosine_scores
-from stages.sts.config import StsSettings, check_sts
+from stages.sts.config import StsConfig, check_config
 
 log = logging.getLogger(__name__)
 SUITES = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK")
@@ -101,21 +101,21 @@ def score_system(name: str, embed, sets: list[StsSet]) -> StsResult:
 
 
 @dataclass
-class StsConfig:
+class StsJob:
     data: Path
     out: Path
     models: list[str] = field(default_factory=list)
-    settings: StsSettings = field(default_factory=StsSettings)
+    settings: StsConfig = field(default_factory=StsConfig)
     mlflow_uri: str | None = None
     experiment: str = "sts"
 
 
-def run_sts(cfg: StsConfig) -> dict[str, Any]:
+def run_sts(cfg: StsJob) -> dict[str, Any]:
     """Score every model and baseline on every STS file; write sts.json and sts.md; log to MLflow."""
     from scoring.systems import load_trained
 
     started = time.perf_counter()
-    check_sts(cfg.settings)
+    check_config(cfg.settings)
     files = sts_files(Path(cfg.data))
     systems: list[tuple[str, Any, dict[str, str]]] = []
     for spec in cfg.models:
@@ -194,7 +194,7 @@ def markdown(results: list[StsResult]) -> str:
     return "\n".join(lines)
 
 
-def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result: StsResult, data_sha: str) -> str:
+def _start_run(uri: str, cfg: StsJob, name: str, tags: dict[str, str], result: StsResult, data_sha: str) -> str:
     """One MLflow run per system, tagged like the retrieval runs, with its Pearson/Spearman metrics."""
     client = mlflow_client(uri)
     run_tags = {
@@ -218,7 +218,7 @@ def _start_run(uri: str, cfg: StsConfig, name: str, tags: dict[str, str], result
 
 
 def add_arguments(p) -> None:
-    """`dssm sts`'s options: the models, data and plumbing, then StsSettings' fields."""
+    """`dssm sts`'s options: the models, data and plumbing, then StsConfig' fields."""
     import os
 
     from core.options import add_config_options
@@ -229,14 +229,14 @@ def add_arguments(p) -> None:
     p.add_argument("--out", type=Path, required=True, help="report directory (replaced atomically)")
     p.add_argument("--mlflow-uri", help="tracking URI (default: sqlite:///<parent of --out>/mlflow.db)")
     p.add_argument("--experiment", default="sts", help="MLflow experiment (default: %(default)s)")
-    add_config_options(p, StsSettings)
+    add_config_options(p, StsConfig)
 
 
 def command(args) -> None:
     """`dssm sts`."""
     from core.options import config_from_options
 
-    settings = config_from_options(StsSettings, args)
-    report = run_sts(StsConfig(args.data, args.out, args.model, settings, args.mlflow_uri, args.experiment))
+    settings = config_from_options(StsConfig, args)
+    report = run_sts(StsJob(args.data, args.out, args.model, settings, args.mlflow_uri, args.experiment))
     print((args.out / "sts.md").read_text(), end="")
     print(f"report: {args.out}/sts.json ({report['seconds']:.0f}s)")

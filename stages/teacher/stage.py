@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from core.stage import RunContext, StageOutput, run_data_stage
+from stages.teacher.config import TeacherConfig
 
 
 def run(
     ctx: RunContext,
+    settings: TeacherConfig,
     rows: StageOutput,
     clean: StageOutput,
     earlier_index: StageOutput | None,
@@ -22,6 +24,6 @@ def run(
 
     def build() -> dict[str, Any]:
         titles = Path(clean.path) / "titles"
-        return teacher(Path(rows.path), titles, index, ctx.layout.output("teacher"), ctx.cfg.teacher, ctx.force)
+        return teacher(Path(rows.path), titles, index, ctx.layout.output("teacher"), settings, ctx.force)
 
     return run_data_stage("teacher", rows.path, ctx.layout.output("teacher"), build)

@@ -18,21 +18,16 @@ from core.layout import Layout
 from core.stage import RunContext, StageOutput, failing_as
 
 if TYPE_CHECKING:
-    from modeling.config import TrainConfig
+    from modeling.config import TrainJob
+    from stages.train.config import TrainConfig
 
 log = logging.getLogger("dssm.flow")
-
-
-def default_nproc() -> int:
-    """One rank per GPU when there are GPUs, else one CPU process."""
-    import torch
-
-    return torch.cuda.device_count() or 1
 
 
 def run(
     ctx: RunContext,
     encoder: str,
+    settings: TrainConfig,
     rows: StageOutput,
     vocab: StageOutput,
 ) -> StageOutput:
@@ -41,31 +36,31 @@ def run(
     WORKDIR/train/ENCODER; in a windowed run warm-started from the champion when it fits (warm_start.py)."""
     from dataclasses import replace
 
-    from modeling.config import TrainConfig
+    from modeling.config import TrainJob
     from modeling.distributed import device_kind
     from scoring.serving import registered_name
     from stages.train.warm_start import warm_start_source
 
-    device = device_kind(ctx.cfg.train.for_encoder(encoder))  # its own `device` key too; ENCODER@cuda on a GPU
-    cfg = TrainConfig.of(
-        ctx.cfg.train.for_encoder(encoder, device),  # the section with the encoder's train.per_encoder keys
+    device = device_kind(settings.for_encoder(encoder))  # its own `device` key too; ENCODER@cuda on a GPU
+    cfg = TrainJob.of(
+        settings.for_encoder(encoder, device),  # the section with the encoder's train.per_encoder keys
         rows.path,
         vocab.path,
         experiment=ctx.judged.name,
         dataset=ctx.judged.name,
         mlflow_uri=ctx.mlflow_uri,
     )
-    if ctx.window and ctx.cfg.train.warm_start:
+    if ctx.window and settings.warm_start:
         name = registered_name(ctx.judged.name)
         init_from, why = warm_start_source(
-            ctx.layout, ctx.mlflow_uri, name, cfg, rows.sha256, ctx.cfg.train.warm_min_overlap, ctx.window[-1]
+            ctx.layout, ctx.mlflow_uri, name, cfg, rows.sha256, settings.warm_min_overlap, ctx.window[-1]
         )
         log.info("train %s: %s", encoder, f"warm start from {why}" if init_from else f"from scratch: {why}")
         cfg = replace(cfg, init_from=init_from) if init_from else cfg
     return train_model(ctx.layout, cfg, ctx.nproc, ctx.force)
 
 
-def train_model(layout: Layout, cfg: TrainConfig, nproc: int, force: bool) -> StageOutput:
+def train_model(layout: Layout, cfg: TrainJob, nproc: int, force: bool) -> StageOutput:
     """Train, or resume an unfinished run, or skip a finished one; a run of other data, code or config
     is trained afresh (modeling.resume.decide). nproc > 1 launches torchrun (NCCL on GPUs, gloo on CPU)
     with the resolved config."""

@@ -13,7 +13,7 @@ from core.errors import DssmError
 from core.layout import Layout
 
 if TYPE_CHECKING:
-    from modeling.config import TrainConfig
+    from modeling.config import TrainJob
     from modeling.hashing import Vocab
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def warm_start_source(
     layout: Layout,
     mlflow_uri: str,
     name: str,
-    cfg: TrainConfig,
+    cfg: TrainJob,
     negatives_sha: str,
     min_overlap: float,
     night: str = "",
