@@ -24,33 +24,27 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root (scripts_common's docstring)
 
 from core.layout import Layout
 from modeling.tokens import tokens_dir
 
 
-def mappings(pid: int, folder: str) -> tuple[int, int, int] | None:
-    """(Rss, Pss of the mappings of files under `folder`, whole Pss), in kB; None when `pid` maps none."""
-    rss = pss = total = 0
-    mapped, inside = False, False
+def mappings(process: psutil.Process, folder: str) -> tuple[int, int, int] | None:
+    """(Rss, Pss of the mappings of files under `folder`, whole Pss), in kB; None when it maps none."""
     try:
-        with open(f"/proc/{pid}/smaps") as smaps:
-            for line in smaps:
-                head = line.split()
-                if not head:
-                    continue
-                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):  # a mapping's header line
-                    inside = len(head) >= 6 and head[5].startswith(folder)
-                    mapped |= inside
-                elif head[0] == "Rss:" and inside:
-                    rss += int(head[1])
-                elif head[0] == "Pss:":
-                    total += int(head[1])
-                    pss += int(head[1]) if inside else 0
-    except OSError:
+        tokens = [m for m in process.memory_maps(grouped=True) if m.path.startswith(folder)]
+        if not tokens:
+            return None
+        return (
+            sum(m.rss for m in tokens) // 1024,
+            sum(m.pss for m in tokens) // 1024,
+            process.memory_full_info().pss // 1024,
+        )
+    except psutil.Error:
         return None
-    return (rss, pss, total) if mapped else None
 
 
 def main() -> None:
@@ -71,11 +65,10 @@ def main() -> None:
     best: dict[int, tuple[int, int, int]] = {}
     while proc.poll() is None:
         seen = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                found = mappings(int(entry), str(folder))
-                if found is not None:
-                    seen[int(entry)] = found
+        for process in psutil.process_iter():
+            found = mappings(process, str(folder)) if process.pid != os.getpid() else None
+            if found is not None:
+                seen[process.pid] = found
         if sum(v[0] for v in seen.values()) > sum(v[0] for v in best.values()):
             best = seen
         time.sleep(0.5)

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 GRACE_SECONDS = 10.0
 STACKS_SIGNAL = signal.SIGUSR1  # a dssm command prints every thread's stack on it (signals_stop)
 _requested = threading.Event()
-_began = [0.0]  # when the stop began (time.monotonic()), for what is left of its grace
+_deadline_at = [0.0]  # time.monotonic() at which the watchdog ends the process (begin)
 _last_words: list = []  # what the watchdog does before it ends the process (at_deadline)
 
 
@@ -91,7 +91,7 @@ def begin(signum: int, grace: float = GRACE_SECONDS) -> None:
     if _requested.is_set():
         return
     _requested.set()
-    _began[0] = time.monotonic() - (GRACE_SECONDS - grace)  # a shorter grace: as if begun that much earlier
+    _deadline_at[0] = time.monotonic() + grace
     log.warning("%s: stopping (at most %.0f s)", signal.Signals(signum).name, grace)
     threading.Thread(target=_deadline, args=(signum, grace), name="dssm-stop", daemon=True).start()
     if threading.current_thread() is threading.main_thread():
@@ -166,7 +166,7 @@ def end_children(wait: float | None = None) -> None:
     import psutil
 
     if wait is None:
-        wait = max(1.0, GRACE_SECONDS - 1.0 - (time.monotonic() - _began[0])) if _requested.is_set() else 3.0
+        wait = max(1.0, _deadline_at[0] - 1.0 - time.monotonic()) if _requested.is_set() else 3.0
     with contextlib.suppress(psutil.Error):
         end_processes(psutil.Process().children(recursive=True), wait)
 

@@ -54,19 +54,19 @@ def _always(ctx: RunContext) -> bool:
 
 
 # What a stage's `stage` module may define besides `run`, each called by the flow for a stage that runs:
-HOOKS = {
+HOOKS = (
     # prepare(ctx, settings) -> RunContext, before any stage runs: what the run must decide first (judge:
     # the day held out of training, which clean already leaves out)
-    "prepare": "before the walk",
+    "prepare",
     # log_to_training_runs(ctx, output, run_ids) -> None, after the walk: what the stage adds to the MLflow
     # runs of the models this run trained (the stages marked `trains_models`), skipped training included
-    "log_to_training_runs": "after the walk",
+    "log_to_training_runs",
     # report(output) -> dict, after the walk: the keys the stage adds to WORKDIR/report.json
-    "report": "into report.json",
+    "report",
     # printed(summary) -> list[str]: the lines `dssm run` prints for the stage under its stage table, from
     # the run's summary (report.json)
-    "printed": "by dssm run",
-}
+    "printed",
+)
 
 
 @dataclass(frozen=True)
