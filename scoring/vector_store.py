@@ -63,7 +63,7 @@ class VectorStore:
             return None
         return _store(Path(root) / name / _release(packages, variant))
 
-    def _refresh(self) -> list[str]:
+    def _refresh(self) -> None:
         """The index brought up to the shards on disk: new shards' keys read, gone shards' dropped."""
         shards = [p.name for p in self.cache.entries()]
         if not set(self._indexed) <= set(shards):  # merged or trimmed away: index afresh
@@ -83,7 +83,6 @@ class VectorStore:
                 continue
             for row, key in enumerate(keys.tolist()):
                 self._index.setdefault(key, (shard, row))
-        return shards
 
     def read(self, texts: list[str], width: int | None = None) -> dict[str, np.ndarray]:
         """The stored vectors of those of `texts` that a whole shard (of vectors `width` wide) holds."""
